@@ -1,0 +1,1 @@
+"""Benchmarks, fault injection and the cluster-scale ETTR simulator."""

@@ -1,0 +1,1 @@
+"""Failure classification: plain records in, a Verdict out (see taxonomy)."""

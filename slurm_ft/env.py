@@ -1,0 +1,58 @@
+"""Environment variables, named once.
+
+Per-job settings reach the job from the SPANK plugin (``sbatch --ft-ckpt-dir=...``) and may be set by hand.
+Precedence for a setting ``X``, first found wins:
+
+1. ``SLURM_FT_X``        set explicitly by the user, or by the SPANK plugin in the job's own environment
+2. ``SLURM_SPANK_FT_X``  what ``spank_job_control_setenv`` gives the job in an sbatch allocation
+3. ``SPANK_FT_X``        what the prolog/epilog see for the same option
+4. the site config (``/etc/slurm-ft/config.toml``), then the built-in default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+PREFIX = "SLURM_FT_"
+SPANK_JOB_PREFIX = "SLURM_SPANK_FT_"
+SPANK_HOOK_PREFIX = "SPANK_FT_"
+
+# Per-job settings (the suffix after the prefix). The SPANK option --ft-ckpt-dir maps to CKPT_DIR, and so on.
+ENABLED = "ENABLED"            # "1" when the job was submitted with --ft
+CKPT_DIR = "CKPT_DIR"          # checkpoint directory
+CKPT_EVERY = "CKPT_EVERY"      # checkpoint interval in steps
+MAX_RESTARTS = "MAX_RESTARTS"  # restart budget across requeues and in-place restarts
+HANG_TIMEOUT = "HANG_TIMEOUT"  # seconds without a heartbeat before a rank counts as hung
+SPARE_NODES = "SPARE_NODES"    # nodes in the allocation held back to replace a bad one
+RESUME_STEP = "RESUME_STEP"    # resume hint: the step to resume from (set by the monitor / launcher)
+RUN_DIR = "RUN_DIR"            # per-job directory for heartbeats and error files
+
+JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR)
+
+# Process-wide settings.
+SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DEFAULT_SITE_CONFIG
+DEFAULT_SITE_CONFIG = "/etc/slurm-ft/config.toml"
+STATE_DIR = "SLURM_FT_STATE_DIR"           # where the monitor/quarantine keep SQLite state
+DEFAULT_STATE_DIR = "/var/lib/slurm-ft"
+TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML records from this JSON file
+
+
+def job_setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Return per-job setting ``name`` by the precedence above, or None when unset."""
+    env = os.environ if environ is None else environ
+    for prefix in (PREFIX, SPANK_JOB_PREFIX, SPANK_HOOK_PREFIX):
+        value = env.get(prefix + name)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+def job_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """All per-job settings that are set, keyed by suffix (``CKPT_DIR`` ...)."""
+    found = {}
+    for name in JOB_SETTINGS:
+        value = job_setting(name, environ)
+        if value is not None:
+            found[name] = value
+    return found

@@ -1,0 +1,1 @@
+"""Node health: NVML probe, kernel-log Xid parser, node checks."""

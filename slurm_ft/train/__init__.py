@@ -1,0 +1,1 @@
+"""Training-side fault tolerance: checkpoint manager, resume, topology check, heartbeats, error files."""

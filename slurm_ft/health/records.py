@@ -1,0 +1,110 @@
+"""Plain health records: what probes gather and the classifier judges (torch-free, NVML-free).
+
+A node report (written by the epilog, read by the monitor) lives at
+``<state_dir>/reports/<job_id>/<node>.json`` and is ``NodeReport.to_dict()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class XidEvent:
+    """One Xid: from the NVML event set (XidCriticalError) or a kernel log line."""
+
+    node: str
+    xid: int
+    gpu_index: int | None = None
+    pci_bus: str = ""  # e.g. "0000:3b:00"
+    time: float | None = None
+    text: str = ""  # the raw line or NVML description
+    source: str = "nvml"  # "nvml" | "kmsg"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuHealth:
+    """One GPU's counters at probe time. ``None`` means NVML could not tell (unsupported field)."""
+
+    index: int
+    uuid: str = ""
+    pci_bus: str = ""
+    ecc_volatile_uncorrected: int | None = None
+    ecc_volatile_corrected: int | None = None
+    ecc_aggregate_uncorrected: int | None = None
+    ecc_aggregate_corrected: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    nvlink_down: tuple[int, ...] = ()  # link ids that are supported but inactive
+    nvlink_errors: int | None = None  # sum of replay/recovery/CRC error counters
+    temperature_c: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NvmlSnapshot:
+    """Everything NVML said about one node. ``available=False`` with ``error`` when NVML or GPUs are absent."""
+
+    node: str
+    time: float
+    available: bool
+    error: str = ""
+    driver_version: str = ""
+    gpus: tuple[GpuHealth, ...] = ()
+    xids: tuple[XidEvent, ...] = ()
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class NodeReport:
+    """What the epilog gathered on one node at job end."""
+
+    job_id: int
+    node: str
+    time: float
+    nvml: NvmlSnapshot | None = None
+    kmsg_xids: tuple[XidEvent, ...] = ()
+    error_files: tuple[dict[str, Any], ...] = ()  # records.ErrorRecord dicts found for this job
+    log_tails: dict[str, str] = dataclasses.field(default_factory=dict)  # "rank:N" or "node:NAME" -> tail text
+    exit_code: int | None = None  # SLURM_JOB_EXIT_CODE seen by the epilog, if any
+    notes: tuple[str, ...] = ()  # what could not be gathered, and why
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "NodeReport":
+        nvml = data.get("nvml")
+        return cls(
+            job_id=int(data["job_id"]),
+            node=str(data["node"]),
+            time=float(data["time"]),
+            nvml=snapshot_from_dict(nvml) if nvml else None,
+            kmsg_xids=tuple(XidEvent(**x) for x in data.get("kmsg_xids", ())),
+            error_files=tuple(data.get("error_files", ())),
+            log_tails=dict(data.get("log_tails", {})),
+            exit_code=data.get("exit_code"),
+            notes=tuple(data.get("notes", ())),
+        )
+
+
+def snapshot_from_dict(data: dict[str, Any]) -> NvmlSnapshot:
+    """Inverse of ``dataclasses.asdict(NvmlSnapshot)`` (used for recorded snapshots too)."""
+    gpus = tuple(GpuHealth(**{**g, "nvlink_down": tuple(g.get("nvlink_down", ()))}) for g in data.get("gpus", ()))
+    return NvmlSnapshot(
+        node=str(data.get("node", "")),
+        time=float(data.get("time", 0.0)),
+        available=bool(data.get("available", False)),
+        error=str(data.get("error", "")),
+        driver_version=str(data.get("driver_version", "")),
+        gpus=gpus,
+        xids=tuple(XidEvent(**x) for x in data.get("xids", ())),
+    )

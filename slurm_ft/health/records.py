@@ -44,6 +44,8 @@ class GpuHealth:
     nvlink_down: tuple[int, ...] = ()  # link ids that are supported but inactive
     nvlink_errors: int | None = None  # sum of replay/recovery/CRC error counters
     temperature_c: int | None = None
+    nvlink_up: int | None = None  # number of active links (None: no NVLink or not supported)
+    error: str = ""  # why NVML could not read this GPU at all (e.g. "GPU is lost"); empty when it could
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,6 +96,18 @@ class NodeReport:
             exit_code=data.get("exit_code"),
             notes=tuple(data.get("notes", ())),
         )
+
+
+def normalize_pci_bus(text: str) -> str:
+    """``00000000:3B:00.0`` (NVML) and ``0000:3b:00`` (kernel) -> ``0000:3b:00``; unparsable text unchanged."""
+    parts = text.strip().lower().split(":")
+    if len(parts) != 3:
+        return text.strip().lower()
+    domain, bus, dev = parts
+    try:
+        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev.split('.')[0], 16):02x}"
+    except ValueError:
+        return text.strip().lower()
 
 
 def snapshot_from_dict(data: dict[str, Any]) -> NvmlSnapshot:

@@ -1,0 +1,172 @@
+"""A scripted stand-in for ``pynvml``: answers from a recorded device description, for hosts without GPUs.
+
+The description (JSON, see ``tests/data/nvml/*.fake.json``) lists what each GPU answers; a field that is
+``null`` or absent raises NVML_ERROR_NOT_SUPPORTED, as real NVML does for counters a GPU lacks::
+
+    {"driver_version": "535.129.03", "init_error": null,
+     "gpus": [{"uuid": "GPU-...", "pci_bus": "00000000:3B:00.0", "temperature": 41, "lost": false,
+               "ecc": {"volatile_uncorrected": 0, "volatile_corrected": 0,
+                       "aggregate_uncorrected": 0, "aggregate_corrected": 3},
+               "remapped_rows": [0, 0, 0, 0], "retired_pages": {"sbe": [], "dbe": []}, "retired_pending": 0,
+               "nvlink": [{"active": true, "errors": [0, 0, 0, 0]}]}],
+     "events": [{"gpu": 0, "xid": 79}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+ERROR_NAMES = {
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
+    9: "Driver Not Loaded", 10: "Timeout", 12: "NVML Shared Library Not Found", 15: "GPU is lost",
+    999: "Unknown Error",
+}
+_CODES = {name: code for code, name in ERROR_NAMES.items()}
+
+
+class FakeNvmlError(Exception):
+    """Mirrors ``pynvml.NVMLError``: ``value`` is the NVML return code, ``str()`` its name."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(ERROR_NAMES.get(value, f"NVML Error with code {value}"))
+        self.value = value
+
+
+@dataclasses.dataclass
+class _PciInfo:
+    busId: bytes  # noqa: N815 - the pynvml field name
+
+
+@dataclasses.dataclass
+class _EventData:
+    device: int
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+
+
+_ECC_KEYS = {(1, 0): "volatile_uncorrected", (0, 0): "volatile_corrected",
+             (1, 1): "aggregate_uncorrected", (0, 1): "aggregate_corrected"}
+
+
+class FakeNvml:
+    """The subset of the pynvml API that ``NvmlProbe`` and ``XidWatcher`` call. Handles are GPU indices."""
+
+    NVMLError = FakeNvmlError
+    NVML_NVLINK_MAX_LINKS = 18
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.gpus: list[dict[str, Any]] = list(spec.get("gpus", []))
+        self.pending_events: list[dict[str, Any]] = list(spec.get("events", []))
+        self.registered: set[int] = set()
+        self.initialised = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "FakeNvml":
+        return cls(json.loads(Path(path).read_text()))
+
+    # --- library -----------------------------------------------------------------------------------------
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml names
+        error = self.spec.get("init_error")
+        if error:
+            raise FakeNvmlError(_CODES.get(error, 999))
+        self.initialised += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self._require_init()
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
+        self._require_init()
+        return str(self.spec.get("driver_version", ""))
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        self._require_init()
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+        self._require_init()
+        if not 0 <= index < len(self.gpus):
+            raise FakeNvmlError(2)
+        if self.gpus[index].get("lost"):
+            raise FakeNvmlError(15)
+        return index
+
+    def nvmlDeviceGetIndex(self, handle: int) -> int:  # noqa: N802
+        return handle
+
+    # --- per device --------------------------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
+        return str(self._field(handle, "uuid"))
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> _PciInfo:  # noqa: N802
+        return _PciInfo(busId=str(self._field(handle, "pci_bus")).encode())
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter_type: int) -> int:  # noqa: N802
+        ecc = self._field(handle, "ecc")
+        return int(_supported(ecc.get(_ECC_KEYS[(error_type, counter_type)])))
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:  # noqa: N802
+        rows = self._field(handle, "remapped_rows")
+        return tuple(int(v) for v in rows)  # type: ignore[return-value]
+
+    def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:  # noqa: N802
+        pages = self._field(handle, "retired_pages")
+        return list(_supported(pages.get("sbe" if cause == 0 else "dbe")))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:  # noqa: N802
+        return int(self._field(handle, "retired_pending"))
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:  # noqa: N802
+        return int(self._field(handle, "temperature"))
+
+    def nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:  # noqa: N802
+        return int(bool(self._link(handle, link).get("active")))
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:  # noqa: N802
+        errors = _supported(self._link(handle, link).get("errors"))
+        return int(errors[counter])
+
+    # --- events ------------------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> str:  # noqa: N802
+        self._require_init()
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle: int, event_types: int, event_set: str) -> None:  # noqa: N802
+        if not self.gpus[handle].get("xid_events", True):
+            raise FakeNvmlError(3)
+        self.registered.add(handle)
+
+    def nvmlEventSetWait(self, event_set: str, timeout_ms: int) -> _EventData:  # noqa: N802
+        for i, event in enumerate(self.pending_events):
+            if event["gpu"] in self.registered:
+                del self.pending_events[i]
+                return _EventData(device=int(event["gpu"]), eventType=0x8, eventData=int(event["xid"]))
+        raise FakeNvmlError(10)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:  # noqa: N802
+        return None
+
+    # --- helpers -----------------------------------------------------------------------------------------
+    def _require_init(self) -> None:
+        if self.initialised <= 0:
+            raise FakeNvmlError(1)
+
+    def _field(self, handle: int, name: str) -> Any:
+        self._require_init()
+        return _supported(self.gpus[handle].get(name))
+
+    def _link(self, handle: int, link: int) -> dict[str, Any]:
+        links = self._field(handle, "nvlink")
+        if link >= len(links):
+            raise FakeNvmlError(2)
+        return links[link]
+
+
+def _supported(value: Any) -> Any:
+    if value is None:
+        raise FakeNvmlError(3)
+    return value

@@ -1,0 +1,116 @@
+"""``slurm-ft lab up|down|status|env``: a real local Slurm cluster for tests and the demo."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, default_lab_dir
+from slurm_ft.slurm.types import JobInfo, NodeInfo
+
+
+def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(name, help="start, inspect or stop a real local Slurm cluster (needs root)",
+                                   description="A real Slurm cluster on this host: munged, slurmctld and N slurmd "
+                                               "on loopback, everything in one lab directory.")
+    sub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+
+    up = sub.add_parser("up", help="start the lab (idempotent) and wait until all nodes are ready")
+    _add_dir(up)
+    up.add_argument("--nodes", type=int, default=4, help="number of slurmd nodes n1..nN (default 4)")
+    up.add_argument("--cpus", type=int, default=2, help="CPUs per node (default 2)")
+    up.add_argument("--base-port", type=int, default=None,
+                    help="first of nodes+1 ports (default: a free block, kept across restarts)")
+    up.add_argument("--no-hooks", action="store_true",
+                    help="do not wire in slurm-ft's prolog/epilog/SPANK plugin")
+    up.add_argument("--fresh", action="store_true", help="stop the lab and clear its Slurm state first")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
+    up.set_defaults(func=_up)
+
+    for action, func, text in (("down", _down, "stop exactly the daemons `up` started"),
+                               ("status", _status, "show the lab's nodes and jobs"),
+                               ("env", _env, "print `export SLURM_CONF=...` for eval")):
+        cmd = sub.add_parser(action, help=text)
+        _add_dir(cmd)
+        cmd.set_defaults(func=func)
+
+
+def _add_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", type=Path, default=None,
+                        help=f"lab directory (default $SLURM_FT_LAB_DIR or {default_lab_dir()})")
+
+
+def _cluster(args: argparse.Namespace) -> LabCluster:
+    try:
+        config = LabConfig(
+            dir=args.dir or default_lab_dir(), nodes=getattr(args, "nodes", 4), cpus_per_node=getattr(args, "cpus", 2),
+            base_port=getattr(args, "base_port", None), hooks=not getattr(args, "no_hooks", False),
+            start_timeout=getattr(args, "timeout", 60.0),
+        )
+    except ValueError as exc:
+        raise LabError(str(exc)) from exc
+    return LabCluster(config)
+
+
+def _progress(message: str) -> None:
+    print(f"lab: {message}", file=sys.stderr, flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    cluster.up(progress=_progress, fresh=args.fresh)
+    print(f"lab up in {cluster.dir}: {len(cluster.node_names)} nodes; run: eval $(slurm-ft lab env"
+          f"{'' if args.dir is None else ' --dir ' + shlex.quote(str(cluster.dir))})", file=sys.stderr)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    _cluster(args).down(progress=_progress)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    nodes, jobs = cluster.status()
+    print(f"lab {cluster.dir} (SLURM_CONF={cluster.conf_path})")
+    print(format_nodes(nodes))
+    print()
+    print(format_jobs(jobs))
+    return 0
+
+
+def _env(args: argparse.Namespace) -> int:
+    cluster = _cluster(args)
+    if not cluster.conf_path.exists():
+        raise LabError(f"no lab in {cluster.dir} (start it with `slurm-ft lab up`)")
+    for key, value in cluster.env().items():
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def format_nodes(nodes: Sequence[NodeInfo]) -> str:
+    rows = [(n.name, "+".join(sorted(n.state)) or "?", n.reason) for n in nodes]
+    return _table(("NODE", "STATE", "REASON"), rows)
+
+
+def format_jobs(jobs: Sequence[JobInfo]) -> str:
+    if not jobs:
+        return "no jobs"
+    rows = [(str(j.job_id), j.name, j.state.value, ",".join(j.nodes) or "-", str(j.restart_count),
+             _exit_text(j), j.reason if j.reason != "None" else "") for j in jobs]
+    return _table(("JOBID", "NAME", "STATE", "NODES", "RESTARTS", "EXIT", "REASON"), rows)
+
+
+def _exit_text(job: JobInfo) -> str:
+    if job.exit_code is None and job.exit_signal is None:
+        return "-"
+    return f"{job.exit_code if job.exit_code is not None else 0}:{job.exit_signal or 0}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (header, *rows)]
+    return "\n".join(lines)

@@ -1,0 +1,466 @@
+"""A real Slurm cluster on this host: its own munged, one slurmctld and N ``slurmd -N nK``, all on loopback.
+
+Everything lives in one lab directory (config, munge key and socket, state, spool, logs, pids), so several labs
+run side by side on one host. ``up`` is idempotent; ``down`` stops exactly the daemons ``up`` started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from slurm_ft import env as ft_env
+from slurm_ft.errors import SlurmFtError
+from slurm_ft.lab import ports, procs
+from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
+from slurm_ft.slurm.cli_backend import CliSlurmClient
+from slurm_ft.slurm.runner import run_command
+from slurm_ft.slurm.types import JobInfo, NodeInfo
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+REQUIRED_PROGRAMS = {  # program -> Debian package
+    "munged": "munge", "mungekey": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
+    "scontrol": "slurm-wlm", "sinfo": "slurm-wlm", "squeue": "slurm-wlm", "sbatch": "slurm-wlm",
+}
+MAX_DIR_LENGTH = 64  # unix socket paths (munge, slurmstepd) must stay under 108 bytes
+STATE_FILE = "lab.json"
+
+
+class LabError(SlurmFtError):
+    """The lab cluster could not be started, inspected or stopped."""
+
+
+def default_lab_dir() -> Path:
+    """``$SLURM_FT_LAB_DIR``, else ``$XDG_STATE_HOME/slurm-ft/lab``, else ``~/.local/state/slurm-ft/lab``."""
+    explicit = os.environ.get(ft_env.LAB_DIR)
+    if explicit:
+        return Path(explicit)
+    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state_home) / "slurm-ft" / "lab"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LabConfig:
+    """One lab cluster. ``base_port=None`` picks a free block of ``nodes + 1`` ports on first ``up``."""
+
+    dir: Path = dataclasses.field(default_factory=default_lab_dir)
+    nodes: int = 4
+    cpus_per_node: int = 2
+    memory_mb: int = 1000
+    base_port: int | None = None
+    slurmd_timeout: int = 10
+    min_job_age: int = 300
+    hooks: bool = True  # append slurm_ft.admin.lab_install() lines (prolog, epilog, plugstack) when available
+    slurm_user: str = "root"
+    extra_conf: tuple[str, ...] = ()  # more slurm.conf lines, appended last
+    start_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", Path(self.dir).expanduser().absolute())
+        object.__setattr__(self, "extra_conf", tuple(self.extra_conf))
+        if len(str(self.dir)) > MAX_DIR_LENGTH:
+            raise ValueError(f"dir: {str(self.dir)!r} is longer than {MAX_DIR_LENGTH} characters "
+                             "(unix socket paths inside it would be too long); choose a shorter --dir")
+        if not 1 <= self.nodes <= 64:
+            raise ValueError(f"nodes: must be within 1..64 (--nodes), got {self.nodes}")
+        if not 1 <= self.cpus_per_node <= 256:
+            raise ValueError(f"cpus_per_node: must be within 1..256 (--cpus), got {self.cpus_per_node}")
+        if self.memory_mb < 100:
+            raise ValueError(f"memory_mb: must be at least 100, got {self.memory_mb}")
+        if self.base_port is not None and not 1024 <= self.base_port <= 65535 - self.nodes:
+            raise ValueError(f"base_port: must be within 1024..{65535 - self.nodes} (--base-port), "
+                             f"got {self.base_port}")
+        if not 3 <= self.slurmd_timeout <= 3600:
+            raise ValueError(f"slurmd_timeout: must be within 3..3600 seconds, got {self.slurmd_timeout}")
+        if self.min_job_age < 2:
+            raise ValueError(f"min_job_age: must be at least 2 seconds, got {self.min_job_age}")
+        if self.start_timeout <= 0:
+            raise ValueError(f"start_timeout: must be positive, got {self.start_timeout}")
+        for line in self.extra_conf:
+            if "\n" in line:
+                raise ValueError(f"extra_conf: one line per item, got {line!r}")
+
+
+class LabCluster:
+    """Start, inspect and stop one lab cluster. Public methods check; ``_`` methods do the work."""
+
+    def __init__(self, config: LabConfig | None = None) -> None:
+        self.config = config or LabConfig()
+
+    # --- paths and identity ----------------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return self.config.dir
+
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "slurm.conf"
+
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        return tuple(f"n{i + 1}" for i in range(self.config.nodes))
+
+    @property
+    def cluster_name(self) -> str:
+        return "lab" + hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm commands against this lab (merge into ``os.environ``)."""
+        return {"SLURM_CONF": str(self.conf_path)}
+
+    def client(self) -> CliSlurmClient:
+        return CliSlurmClient(env=self.env())
+
+    # --- public operations -----------------------------------------------------------------------------------
+    def is_up(self) -> bool:
+        """True when every daemon this lab recorded is still running."""
+        state = self._read_state()
+        daemons = state.get("daemons", [])
+        expected = {"munged", "slurmctld", *(f"slurmd-{n}" for n in self._recorded_nodes(state))}
+        recorded = {procs.Daemon.from_dict(d).name for d in daemons}
+        return bool(daemons) and expected <= recorded and all(
+            procs.is_running(procs.Daemon.from_dict(d)) for d in daemons)
+
+    def up(self, progress: Progress | None = None, *, fresh: bool = False) -> None:
+        """Start the lab (or reuse it when already up with the same config) and wait until all nodes are ready."""
+        say = progress or (lambda _msg: None)
+        check_prerequisites()
+        if fresh:
+            self.down(progress=progress)
+            self._clear_state()
+        self._make_dirs()
+        with ports.host_lock():
+            state = self._read_state()
+            layout = self._layout(state)
+            conf = render_slurm_conf(layout, self._extra_lines(say))
+            running = self.is_up()
+            if running and self._same_nodes(state, layout):
+                if conf != self._read_conf():
+                    say("slurm.conf changed: scontrol reconfigure")
+                    self._write_conf(conf)
+                    self._scontrol("reconfigure")
+                else:
+                    say(f"lab already up in {self.dir}")
+            else:
+                if running or state.get("daemons"):
+                    say("lab config changed or partly down: restarting it")
+                    self._stop_daemons(say)
+                    layout = self._layout({}) if self._ports_taken(layout) else layout
+                    conf = render_slurm_conf(layout, self._extra_lines(say))
+                self._write_conf(conf)
+                self._start(layout, say)
+        self._wait_ready(say)
+
+    def down(self, progress: Progress | None = None) -> None:
+        """Cancel the lab's jobs, stop exactly the daemons ``up`` started (by pid), leave nothing running."""
+        say = progress or (lambda _msg: None)
+        state = self._read_state()
+        if not state.get("daemons"):
+            say(f"no lab running in {self.dir}")
+            return
+        self._stop_daemons(say)
+        say("lab down")
+
+    def status(self) -> tuple[list[NodeInfo], list[JobInfo]]:
+        """Nodes and jobs of the running lab (one sinfo and one squeue call)."""
+        if not self.is_up():
+            raise LabError(f"no lab running in {self.dir} (start it with `slurm-ft lab up --dir {self.dir}`)")
+        client = self.client()
+        return client.nodes(), client.jobs()
+
+    # --- starting ---------------------------------------------------------------------------------------------
+    def _layout(self, state: Mapping[str, Any]) -> LabLayout:
+        recorded = state.get("ports") or {}
+        count = self.config.nodes
+        if self.config.base_port is not None:
+            base = self.config.base_port
+        elif recorded.get("base") and int(recorded.get("count", 0)) == count + 1:
+            base = int(recorded["base"])
+        else:
+            base = ports.pick_block(count + 1)
+        return LabLayout(
+            dir=self.dir, cluster_name=self.cluster_name, hostname=socket.gethostname(), ctld_port=base,
+            node_ports=tuple(base + 1 + i for i in range(count)), cpus_per_node=self.config.cpus_per_node,
+            memory_mb=self.config.memory_mb, slurm_user=self.config.slurm_user,
+            slurmd_timeout=self.config.slurmd_timeout, min_job_age=self.config.min_job_age,
+        )
+
+    def _ports_taken(self, layout: LabLayout) -> bool:
+        return not all(ports.port_is_free(p) for p in (layout.ctld_port, *layout.node_ports))
+
+    def _extra_lines(self, say: Progress) -> list[str]:
+        lines = list(hook_lines(self.dir, slurm_user=self.config.slurm_user)) if self.config.hooks else []
+        if lines:
+            say(f"hooks from slurm_ft.admin: {len(lines)} slurm.conf lines")
+        return lines + list(self.config.extra_conf)
+
+    def _start(self, layout: LabLayout, say: Progress) -> None:
+        self._ensure_munge_key(layout)
+        for stale in layout.run_dir.glob("*.pid"):
+            stale.unlink()
+        daemon_env = self._daemon_env()
+        state: dict[str, Any] = {"version": 1, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
+                                 "nodes": list(layout.node_names), "daemons": []}
+        try:
+            say("starting munged")
+            self._spawn(state, "munged", munged_argv(layout), daemon_env)
+            self._wait_for(lambda: layout.munge_socket.exists(), "munged socket", "munged")
+            say(f"starting slurmctld on port {layout.ctld_port}")
+            self._spawn(state, "slurmctld",
+                        ["/usr/sbin/slurmctld" if Path("/usr/sbin/slurmctld").exists() else "slurmctld",
+                         "-D", "-f", str(layout.conf_path)], daemon_env)
+            self._wait_for(lambda: ports.can_connect(layout.ctld_port), "slurmctld port", "slurmctld")
+            say(f"starting {len(layout.node_names)} slurmd ({', '.join(layout.node_names)})")
+            slurmd = "/usr/sbin/slurmd" if Path("/usr/sbin/slurmd").exists() else "slurmd"
+            for name in layout.node_names:
+                self._spawn(state, f"slurmd-{name}", [slurmd, "-D", "-N", name, "-f", str(layout.conf_path)],
+                            daemon_env)
+            for name, port in zip(layout.node_names, layout.node_ports):
+                self._wait_for(lambda p=port: ports.can_connect(p), f"slurmd {name} port", f"slurmd-{name}")
+        except BaseException:
+            self._write_state(state)
+            self._stop_daemons(say)
+            raise
+        self._write_state(state)
+
+    def _spawn(self, state: dict[str, Any], name: str, argv: list[str], env: Mapping[str, str]) -> None:
+        daemon = procs.spawn(name, argv, env=env, log_path=self.dir / "log" / f"{name}.out")
+        state["daemons"].append(daemon.to_dict())
+        self._write_state(state)  # recorded at once, so a crash between starts still lets `down` find it
+
+    def _wait_for(self, ready: Callable[[], bool], what: str, daemon_name: str) -> None:
+        deadline = time.monotonic() + self.config.start_timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            daemon = self._find_daemon(daemon_name)
+            if daemon is not None and not procs.is_running(daemon):
+                raise LabError(f"{daemon_name} exited during start; {self._log_tail(daemon_name)}")
+            time.sleep(0.1)
+        raise LabError(f"timed out after {self.config.start_timeout:g}s waiting for {what}; "
+                       f"{self._log_tail(daemon_name)}")
+
+    def _wait_ready(self, say: Progress) -> None:
+        """Wait until every node has registered (idle, or busy/drained from recovered state)."""
+        client = self.client()
+        deadline = time.monotonic() + self.config.start_timeout
+        wanted = set(self.node_names)
+        last = ""
+        while True:
+            try:
+                nodes = {n.name: n for n in client.nodes() if n.name in wanted}
+            except SlurmFtError:
+                nodes = {}
+            ready = sorted(name for name, node in nodes.items() if node_ready(node))
+            line = f"nodes ready: {len(ready)}/{len(wanted)}"
+            if line != last:
+                say(line)
+                last = line
+            if len(ready) == len(wanted):
+                drained = sorted(n for n in ready if nodes[n].drained)
+                if drained:
+                    say(f"note: drained: {', '.join(drained)} (resume with scontrol update NodeName=... "
+                        "State=RESUME, or restart with `lab up --fresh`)")
+                return
+            if time.monotonic() > deadline:
+                states = ", ".join(f"{n}={'+'.join(sorted(nodes[n].state)) if n in nodes else '?'}"
+                                   for n in sorted(wanted))
+                raise LabError(f"timed out after {self.config.start_timeout:g}s waiting for nodes ({states}); "
+                               f"see {self.dir / 'log'}")
+            time.sleep(0.5)
+
+    # --- stopping ---------------------------------------------------------------------------------------------
+    def _stop_daemons(self, say: Progress) -> None:
+        state = self._read_state()
+        daemons = [procs.Daemon.from_dict(d) for d in state.get("daemons", [])]
+        ctld = next((d for d in daemons if d.name == "slurmctld"), None)
+        if ctld is not None and procs.is_running(ctld):
+            self._cancel_jobs(say)
+        order = [d for d in daemons if d.name.startswith("slurmd")] + \
+                [d for d in daemons if d.name == "slurmctld"] + [d for d in daemons if d.name == "munged"]
+        stopped = procs.stop(order[: len(order) - 1]) if order else []  # slurmd and slurmctld first
+        stopped += procs.stop(order[-1:]) if order else []
+        if stopped:
+            say(f"stopped {', '.join(f'{d.name} ({d.pid})' for d in stopped)}")
+        leftovers = self._stray_stepds()
+        if leftovers:
+            say(f"killing {len(leftovers)} leftover slurmstepd")
+            procs.stop(leftovers, timeout=3.0)
+        state["daemons"] = []
+        self._write_state(state)
+
+    def _cancel_jobs(self, say: Progress) -> None:
+        try:
+            jobs = [j for j in self.client().jobs() if not j.state.finished]
+        except SlurmFtError as exc:
+            log.warning("could not list lab jobs before stopping: %s", exc)
+            return
+        if not jobs:
+            return
+        say(f"cancelling {len(jobs)} jobs")
+        run_command(["scancel", *(str(j.job_id) for j in jobs)], env=self._client_env(), timeout=15)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if all(j.state.finished for j in self.client().jobs()):
+                    return
+            except SlurmFtError:
+                return
+            time.sleep(0.3)
+
+    def _stray_stepds(self) -> list[procs.Daemon]:
+        """slurmstepd processes started by this lab's slurmd (they carry its SLURM_CONF)."""
+        strays = []
+        for pid in procs.pids_named("slurmstepd"):
+            if procs.environ_value(pid, "SLURM_CONF") == str(self.conf_path):
+                argv = procs.cmdline(pid)
+                ticks = procs._start_ticks(pid)  # noqa: SLF001 - same package
+                if argv and ticks is not None:
+                    strays.append(procs.Daemon(name="slurmstepd", pid=pid, argv=argv, start_ticks=ticks))
+        return strays
+
+    # --- files -----------------------------------------------------------------------------------------------
+    def _make_dirs(self) -> None:
+        for sub in ("", "munge", "state", "spool", "log", "run", *(f"spool/{n}" for n in self.node_names)):
+            path = self.dir / sub
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o755)  # munged wants its socket dir reachable by every user; jobs run as any user
+
+    def _ensure_munge_key(self, layout: LabLayout) -> None:
+        if layout.munge_key.exists():
+            return
+        result = run_command(["mungekey", "--create", "--bits=1024", f"--keyfile={layout.munge_key}"], timeout=30)
+        if not result.ok:
+            raise LabError(f"mungekey failed: {result.stderr.strip()}")
+        layout.munge_key.chmod(0o600)
+
+    def _clear_state(self) -> None:
+        for sub in ("state", "spool"):
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.dir / STATE_FILE).read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise LabError(f"{self.dir / STATE_FILE} is unreadable ({exc}); stop its daemons by hand") from exc
+
+    def _write_state(self, state: Mapping[str, Any]) -> None:
+        _atomic_write(self.dir / STATE_FILE, json.dumps(state, indent=1) + "\n")
+
+    def _read_conf(self) -> str:
+        try:
+            return self.conf_path.read_text()
+        except FileNotFoundError:
+            return ""
+
+    def _write_conf(self, text: str) -> None:
+        _atomic_write(self.conf_path, text, mode=0o644)
+
+    def _find_daemon(self, name: str) -> procs.Daemon | None:
+        for data in self._read_state().get("daemons", []):
+            if data.get("name") == name:
+                return procs.Daemon.from_dict(data)
+        return None
+
+    def _log_tail(self, name: str, lines: int = 5) -> str:
+        path = self.dir / "log" / f"{name}.out"
+        candidates = [path]
+        if name == "slurmctld":
+            candidates.append(self.dir / "log" / "slurmctld.log")
+        elif name.startswith("slurmd-"):
+            candidates.append(self.dir / "log" / f"slurmd-{name.split('-', 1)[1]}.log")
+        text = ""
+        for candidate in candidates:
+            try:
+                text += candidate.read_text(errors="replace")
+            except OSError:
+                continue
+        tail = " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+        return f"log: {tail}" if tail else f"no log output (see {self.dir / 'log'})"
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+    def _daemon_env(self) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SPANK_"))}
+        base["SLURM_CONF"] = str(self.conf_path)
+        return base
+
+    def _client_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env()}
+
+    def _scontrol(self, *args: str) -> None:
+        run_command(["scontrol", *args], env=self._client_env(), timeout=30).check()
+
+    def _recorded_nodes(self, state: Mapping[str, Any]) -> list[str]:
+        return [str(n) for n in state.get("nodes", [])]
+
+    def _same_nodes(self, state: Mapping[str, Any], layout: LabLayout) -> bool:
+        ports_state = state.get("ports") or {}
+        return (self._recorded_nodes(state) == list(layout.node_names)
+                and int(ports_state.get("base", -1)) == layout.ctld_port)
+
+
+def munged_argv(layout: LabLayout) -> list[str]:
+    m = layout.munge_dir
+    exe = "/usr/sbin/munged" if Path("/usr/sbin/munged").exists() else "munged"
+    return [exe, "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
+            f"--pid-file={m / 'munged.pid'}", f"--log-file={layout.log_dir / 'munged.log'}",
+            f"--seed-file={m / 'munged.seed'}"]
+
+
+def node_ready(node: NodeInfo) -> bool:
+    """A node that registered and can take (or is running) jobs, or was drained on purpose."""
+    bad = {"UNKNOWN", "DOWN", "NOT_RESPONDING", "FUTURE", "POWERED_DOWN", "INVALID_REG", "NO_RESPOND"}
+    return bool(node.state) and not (node.state & bad)
+
+
+def hook_lines(lab_dir: Path, *, slurm_user: str) -> list[str]:
+    """Extra slurm.conf lines from ``slurm_ft.admin.lab_install`` (prolog/epilog/plugstack), if it exists yet."""
+    try:
+        admin = importlib.import_module("slurm_ft.admin")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("slurm_ft.admin", "slurm_ft"):
+            return []
+        raise
+    install = getattr(admin, "lab_install", None)
+    if install is None:
+        return []
+    return [str(line) for line in install(lab_dir, slurm_user=slurm_user)]
+
+
+def check_prerequisites(which: Callable[[str], str | None] = shutil.which,
+                        euid: Callable[[], int] = os.geteuid) -> None:
+    """Raise LabError with the apt command when Slurm or munge is missing, or when not root."""
+    missing = sorted(prog for prog in REQUIRED_PROGRAMS if which(prog) is None and
+                     not Path("/usr/sbin", prog).exists())
+    if missing:
+        packages = " ".join(sorted({REQUIRED_PROGRAMS[p] for p in missing}))
+        raise LabError(f"missing {', '.join(missing)}: install with "
+                       f"`apt-get install -y {packages}` (Debian/Ubuntu)")
+    if euid() != 0:
+        raise LabError("the lab cluster must run as root (slurmd starts jobs as their users); "
+                       "run `sudo slurm-ft lab up` or use a container")
+
+
+def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,138 @@
+"""Starting and stopping the lab's daemons by pid, checking a pid is still *our* process before signalling it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Popen handles of daemons this process started, kept so they can be reaped (no zombies, no ResourceWarning).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Daemon:
+    """One started daemon: its pid plus what identifies it (argv and kernel start time) against pid reuse."""
+
+    name: str
+    pid: int
+    argv: tuple[str, ...]
+    start_ticks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "pid": self.pid, "argv": list(self.argv), "start_ticks": self.start_ticks}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Daemon":
+        return cls(name=str(data["name"]), pid=int(data["pid"]), argv=tuple(str(a) for a in data["argv"]),
+                   start_ticks=int(data["start_ticks"]))
+
+
+def spawn(name: str, argv: Sequence[str], *, env: Mapping[str, str], log_path: Path) -> Daemon:
+    """Start ``argv`` (a foreground daemon) in its own session, stdout/stderr appended to ``log_path``."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
+            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=dict(env), start_new_session=True, close_fds=True,
+        )
+    _CHILDREN[proc.pid] = proc
+    ticks = _start_ticks(proc.pid)
+    return Daemon(name=name, pid=proc.pid, argv=tuple(argv), start_ticks=ticks if ticks is not None else -1)
+
+
+def is_running(daemon: Daemon) -> bool:
+    """True when ``daemon.pid`` is alive (not a zombie) and still the process we started."""
+    _reap(daemon.pid)
+    stat = _stat(daemon.pid)
+    if stat is None or stat[0] == "Z":
+        return False
+    if daemon.start_ticks >= 0 and stat[1] != daemon.start_ticks:
+        return False
+    return cmdline(daemon.pid) == daemon.argv
+
+
+def stop(daemons: Iterable[Daemon], *, timeout: float = 10.0,
+         sleep: Callable[[float], None] = time.sleep) -> list[Daemon]:
+    """SIGTERM every daemon that is still ours, SIGKILL what remains after ``timeout``; return the ones signalled."""
+    alive = [d for d in daemons if is_running(d)]
+    for daemon in alive:
+        _signal(daemon, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(is_running(d) for d in alive) and time.monotonic() < deadline:
+        sleep(0.1)
+    for daemon in alive:
+        if is_running(daemon):
+            _signal(daemon, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while any(is_running(d) for d in alive) and time.monotonic() < deadline:
+        sleep(0.05)
+    return alive
+
+
+def cmdline(pid: int) -> tuple[str, ...]:
+    """The argv of ``pid`` from /proc (empty when gone or a zombie)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0")[:-1])
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """The value of environment variable ``name`` in process ``pid`` (None when unreadable or unset)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode(errors="replace")
+    return None
+
+
+def pids_named(comm: str) -> list[int]:
+    """Pids whose /proc/<pid>/comm is ``comm``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if Path(entry.path, "comm").read_text().strip() == comm:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _signal(daemon: Daemon, sig: signal.Signals) -> None:
+    try:
+        os.kill(daemon.pid, sig)
+    except ProcessLookupError:
+        pass  # exited between the check and the signal: what we wanted
+
+
+def _reap(pid: int) -> None:
+    proc = _CHILDREN.get(pid)
+    if proc is not None and proc.poll() is not None:
+        del _CHILDREN[pid]
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of ``pid``, or None when it does not exist."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()  # after "pid (comm) "
+    return fields[0], int(fields[19])
+
+
+def _start_ticks(pid: int) -> int | None:
+    stat = _stat(pid)
+    return None if stat is None else stat[1]

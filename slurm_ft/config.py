@@ -77,3 +77,14 @@ def require(condition: bool, field: str, message: str) -> None:
     """Guard for ``__post_init__``: raise ConfigError ``"<field>: <message>"`` when ``condition`` is false."""
     if not condition:
         raise ConfigError(f"{field}: {message}")
+
+
+def state_dir(site: SiteConfig | None = None) -> Path:
+    """slurm-ft's state directory (quarantine store, node reports): ``$SLURM_FT_STATE_DIR``, else the
+    top-level ``state_dir`` key of the site config, else ``/var/lib/slurm-ft``."""
+    if os.environ.get(env.STATE_DIR):
+        return Path(os.environ[env.STATE_DIR])
+    value = site.sections.get("state_dir") if site is not None else None
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{site.source}: state_dir must be a string, got {type(value).__name__}")
+    return Path(value or env.DEFAULT_STATE_DIR)

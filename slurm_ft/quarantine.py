@@ -462,31 +462,22 @@ class Quarantine:
 
     # --- Slurm side effects (after commit) ---------------------------------------------------------------
     def _live(self, node: str) -> NodeInfo | None:
-        assert self.client is not None
-        return next((n for n in self.client.nodes() if n.name == node), None)
+        return next((n for n in self.client.nodes() if n.name == node), None) if self.client else None
 
     def _apply_drain(self, node: str, reason: str, *, live: NodeInfo | None = None) -> bool:
-        """Drain ``node`` with ``reason`` unless someone else's drain is in place; True when we drained it."""
+        """Drain ``node`` with ``reason`` unless someone else's drain is in place; True when our drain holds."""
         if self.client is None:
             return False
         try:
-            info = live or self._live(node)
-            if info is None:
-                self._note(node, "drain skipped: node unknown to Slurm")
-                return False
-            if (info.drained or info.down) and info.reason and not info.reason.startswith(TAG):
-                self._note(node, f"drain skipped: keeps foreign reason {info.reason!r}")
-                return False
-            if info.drained and info.reason.startswith(TAG):
-                self._note(node, "already drained by slurm-ft", drained=True)
-                return True
-            self.client.drain(node, reason)
+            outcome = drain_tagged(self.client, node, reason, live=live)
         except SlurmFtError as exc:
             log.error("quarantine: could not drain %s: %s", node, exc)
             self._note(node, f"drain failed: {exc}")
             return False
-        self._note(node, f"drained: {reason}", drained=True)
-        return True
+        held = outcome in (DrainOutcome.DRAINED, DrainOutcome.ALREADY_OURS)
+        self._note(node, f"{outcome.value}: {reason}" if held else f"drain skipped: {outcome.value}",
+                   drained=True if held else None)
+        return held
 
     def _apply_resume(self, node: str) -> bool:
         """Resume ``node`` if its drain is ours; a foreign drain reason stays as it is."""
@@ -506,6 +497,30 @@ class Quarantine:
             return False
         self._note(node, "resumed")
         return True
+
+
+class DrainOutcome(str, enum.Enum):
+    """What ``drain_tagged`` did."""
+
+    DRAINED = "drained"
+    ALREADY_OURS = "already drained by slurm-ft"
+    FOREIGN = "keeps a drain reason slurm-ft did not set"
+    UNKNOWN_NODE = "node unknown to Slurm"
+
+
+def drain_tagged(client: SlurmClient, node: str, reason: str, *, live: NodeInfo | None = None) -> DrainOutcome:
+    """Drain ``node`` with a ``slurm-ft:`` reason, never over a reason someone else set. Raises SlurmFtError."""
+    if not reason.startswith(TAG):
+        raise ValueError(f"drain reason must start with {TAG!r}: {reason!r}")
+    info = live or next((n for n in client.nodes() if n.name == node), None)
+    if info is None:
+        return DrainOutcome.UNKNOWN_NODE
+    if (info.drained or info.down) and info.reason and not info.reason.startswith(TAG):
+        return DrainOutcome.FOREIGN
+    if info.drained and info.reason.startswith(TAG):
+        return DrainOutcome.ALREADY_OURS
+    client.drain(node, reason)
+    return DrainOutcome.DRAINED
 
 
 def default_db_path(state_dir: str | os.PathLike[str]) -> Path:

@@ -10,20 +10,22 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from slurm_ft import env
 from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
-from slurm_ft.health.records import NvmlSnapshot, snapshot_from_dict
+from slurm_ft.errors import SlurmFtError
+from slurm_ft.health.records import NvmlSnapshot, XidEvent, snapshot_from_dict
 
 # Xids that mean the GPU or its memory/fabric is faulty, so the node must leave service (NVIDIA's Xid
 # catalogue: DBE, row-remap failure, NVLink, fallen off the bus, ECC rate/contained/uncontained, GSP, ...).
-# Xids such as 13, 31, 43 are usually the application's fault and do not drain.
-# TODO: read the shared table from slurm_ft.classify.xid once it exists, so prolog and classifier agree.
-DEFAULT_DRAIN_XIDS = (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140)
+# Xids such as 13, 31, 43 are usually the application's fault and do not drain. The classifier's table
+# (slurm_ft.classify.xid, extensible in rules.toml) is the authority; this list is the fallback when it
+# cannot be loaded, so that a broken rules file never opens the gate.
+FALLBACK_DRAIN_XIDS = (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140)
 _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -41,7 +43,7 @@ class HealthConfig:
     max_temperature_c: int = 95
     nvlinks_per_gpu: int | None = None  # active links each GPU must have; None: only partial outages count
     nvlink_error_limit: int | None = None  # summed link error counters above this fail; None: not judged
-    drain_xids: tuple[int, ...] = DEFAULT_DRAIN_XIDS
+    drain_xids: tuple[int, ...] | None = None  # Xids that fail the gate; None: the classifier's Xid table
     xid_wait_ms: int = 0  # how long the probe waits on its NVML event set for Xids
     test_mode: bool = False  # TEST-ONLY
     test_nvml_snapshot_dir: str = ""  # TEST-ONLY, needs test_mode = true
@@ -55,9 +57,10 @@ class HealthConfig:
                 "max_temperature_c", f"must be an integer in (0, 150), got {self.max_temperature_c!r}")
         _non_negative("nvlinks_per_gpu", self.nvlinks_per_gpu)
         _non_negative("nvlink_error_limit", self.nvlink_error_limit)
-        require(isinstance(self.drain_xids, (list, tuple)) and all(isinstance(x, int) for x in self.drain_xids),
-                "drain_xids", f"must be a list of integers, got {self.drain_xids!r}")
-        object.__setattr__(self, "drain_xids", tuple(self.drain_xids))
+        if self.drain_xids is not None:
+            require(isinstance(self.drain_xids, (list, tuple)) and all(isinstance(x, int) for x in self.drain_xids),
+                    "drain_xids", f"must be a list of integers, got {self.drain_xids!r}")
+            object.__setattr__(self, "drain_xids", tuple(self.drain_xids))
         _non_negative("xid_wait_ms", self.xid_wait_ms)
         require(isinstance(self.test_mode, bool), "test_mode", f"must be true or false, got {self.test_mode!r}")
         require(not self.test_nvml_snapshot_dir or self.test_mode, "test_nvml_snapshot_dir",
@@ -94,13 +97,40 @@ def judge_nvml(snap: NvmlSnapshot, config: HealthConfig) -> list[Finding]:
     findings = []
     if expected is not None and snap.gpu_count != expected:
         findings.append(_gpu("gpu_count", f"expected {expected} GPUs, NVML sees {snap.gpu_count}"))
-    for xid in snap.xids:
-        if xid.xid in config.drain_xids:
-            where = f"gpu {xid.gpu_index}" if xid.gpu_index is not None else (xid.pci_bus or "a gpu")
-            findings.append(_gpu("xid", f"Xid {xid.xid} on {where}: {xid.text}".strip()))
+    findings.extend(judge_xids(snap.xids, config))
     for gpu in snap.gpus:
         findings.extend(_judge_gpu(gpu, config))
     return findings
+
+
+def judge_xids(xids: Iterable[XidEvent], config: HealthConfig) -> list[Finding]:
+    """A finding per Xid that means the node must leave service (NVML events or kernel-log lines)."""
+    found = []
+    for xid in xids:
+        if is_drain_xid(xid, config):
+            where = f"gpu {xid.gpu_index}" if xid.gpu_index is not None else (xid.pci_bus or "a gpu")
+            origin = " (kernel log)" if xid.source == "kmsg" else ""
+            found.append(_gpu("xid", f"Xid {xid.xid} on {where}{origin}: {_xid_text(xid)}"))
+    return found
+
+
+def _xid_text(xid: XidEvent) -> str:
+    text = xid.text.split("): ", 1)[-1] if "NVRM: Xid" in xid.text else xid.text
+    return text.strip()[:160]
+
+
+def is_drain_xid(xid: XidEvent, config: HealthConfig) -> bool:
+    """Whether ``xid`` drains: the site's ``drain_xids`` if set, else the classifier's table, else the fallback."""
+    if config.drain_xids is not None:
+        return xid.xid in config.drain_xids
+    try:
+        from slurm_ft.classify.xid import XidKind, xid_info
+    except ImportError:
+        return xid.xid in FALLBACK_DRAIN_XIDS
+    try:
+        return xid_info(xid.xid).kind_for(xid.text) is XidKind.DRAIN
+    except (SlurmFtError, ValueError, OSError):
+        return xid.xid in FALLBACK_DRAIN_XIDS
 
 
 def _judge_gpu(gpu: Any, config: HealthConfig) -> list[Finding]:

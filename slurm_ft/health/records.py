@@ -78,6 +78,8 @@ class NodeReport:
     log_tails: dict[str, str] = dataclasses.field(default_factory=dict)  # "rank:N" or "node:NAME" -> tail text
     exit_code: int | None = None  # SLURM_JOB_EXIT_CODE seen by the epilog, if any
     notes: tuple[str, ...] = ()  # what could not be gathered, and why
+    exit_signal: int | None = None  # the signal that ended the job script (SLURM_JOB_EXIT_CODE2 "<exit>:<sig>")
+    health: tuple[dict[str, str], ...] = ()  # the epilog's own node-health findings: {category, check, evidence}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,6 +97,8 @@ class NodeReport:
             log_tails=dict(data.get("log_tails", {})),
             exit_code=data.get("exit_code"),
             notes=tuple(data.get("notes", ())),
+            exit_signal=data.get("exit_signal"),
+            health=tuple(dict(h) for h in data.get("health", ())),
         )
 
 

@@ -1,0 +1,77 @@
+"""Reading rank error files as root: ownership, symlinks, size and count limits, hostile content."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from slurm_ft.health.jobfiles import FileLimits, UnsafePath, open_user_dir, read_error_files, read_user_file
+from slurm_ft.train.records import ErrorRecord, write_error
+
+UID = os.getuid()
+
+
+def make(run_dir: Path, rank: int, **fields) -> None:
+    write_error(run_dir, ErrorRecord(rank=rank, time=fields.pop("time", float(rank)), exc_type="E",
+                                     message=fields.pop("message", f"rank {rank}"), **fields))
+
+
+def test_records_sorted_by_time_and_cleaned(tmp_path: Path) -> None:
+    make(tmp_path, 2, time=5.0)
+    make(tmp_path, 0, time=9.0, traceback="t" * 100_000)
+    (tmp_path / "heartbeat.rank0.json").write_text("{}")
+    records, notes = read_error_files(str(tmp_path), UID)
+    assert [r["rank"] for r in records] == [2, 0] and notes == []
+    assert len(records[1]["traceback"]) == 16_384 and records[1]["traceback"].endswith("...")
+
+
+def test_oversized_and_too_many_files_are_skipped_with_notes(tmp_path: Path) -> None:
+    for rank in (0, 1, 2, 3, 5):
+        make(tmp_path, rank)
+    make(tmp_path, 4, message="m" * 5000)
+    records, notes = read_error_files(str(tmp_path), UID, FileLimits(max_bytes=1000, max_files=5))
+    assert [r["rank"] for r in records] == [0, 1, 2, 3]
+    assert any("6 error files, read the first 5" in n for n in notes)
+    assert any("error.rank4.json: skipped" in n and "over the 1000 byte limit" in n for n in notes)
+
+
+def test_garbage_and_lying_files_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / "error.rank0.json").write_text("[1, 2]")
+    (tmp_path / "error.rank1.json").write_text("{not json")
+    (tmp_path / "error.rank2.json").write_text(json.dumps({"rank": 7, "time": 1, "exc_type": "E", "message": "x"}))
+    (tmp_path / "error.rank3.json").write_text(json.dumps({"rank": 3, "exc_type": "E"}))
+    os.mkfifo(tmp_path / "error.rank4.json")
+    records, notes = read_error_files(str(tmp_path), UID)
+    assert records == [] and len(notes) == 5
+    assert any("not a regular file" in n for n in notes) and any("rank 7" in n for n in notes)
+
+
+def test_symlinked_files_are_not_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(json.dumps({"rank": 0, "time": 1, "exc_type": "E", "message": "secret"}))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.symlink(secret, run_dir / "error.rank0.json")
+    records, notes = read_error_files(str(run_dir), UID)
+    assert records == [] and "error.rank0.json: skipped" in notes[0]
+
+
+def test_missing_run_dir_is_a_note(tmp_path: Path) -> None:
+    assert read_error_files(str(tmp_path / "nope"), UID) == ([], [f"run dir {tmp_path / 'nope'} does not exist"])
+
+
+def test_directory_of_another_uid_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UnsafePath, match="not the job's uid"):
+        with open_user_dir(str(tmp_path), UID + 1):
+            pass
+
+
+def test_file_of_another_uid_is_refused(tmp_path: Path) -> None:
+    make(tmp_path, 0)
+    with open_user_dir(str(tmp_path), UID) as fd:
+        assert read_user_file(fd, "error.rank0.json", UID, 10_000)
+        with pytest.raises(UnsafePath, match="owned by uid"):
+            read_user_file(fd, "error.rank0.json", UID + 1, 10_000)

@@ -100,6 +100,18 @@ class LabCluster:
     def __init__(self, config: LabConfig | None = None) -> None:
         self.config = config or LabConfig()
 
+    @classmethod
+    def attach(cls, lab_dir: str | os.PathLike[str], **overrides: Any) -> "LabCluster":
+        """The lab recorded in ``lab_dir``, with the node count and CPUs it was started with."""
+        probe = cls(LabConfig(dir=Path(lab_dir)))
+        state = probe._read_state()
+        recorded: dict[str, Any] = {}
+        if state.get("nodes"):
+            recorded["nodes"] = len(state["nodes"])
+        if state.get("cpus_per_node"):
+            recorded["cpus_per_node"] = int(state["cpus_per_node"])
+        return cls(LabConfig(dir=Path(lab_dir), **{**recorded, **overrides}))
+
     # --- paths and identity ----------------------------------------------------------------------------------
     @property
     def dir(self) -> Path:
@@ -174,6 +186,26 @@ class LabCluster:
         self._stop_daemons(say)
         say("lab down")
 
+    def stop_node(self, name: str) -> None:
+        """Fault injection: kill node ``name``'s slurmd (its jobs' slurmstepd keep running, as on a real crash)."""
+        daemon = self._find_daemon(f"slurmd-{self._known_node(name)}")
+        if daemon is None or not procs.is_running(daemon):
+            raise LabError(f"slurmd of {name} is not running")
+        procs.stop([daemon], timeout=0.0)
+
+    def start_node(self, name: str) -> None:
+        """Start node ``name``'s slurmd again (after ``stop_node``); it re-registers and returns to service."""
+        name = self._known_node(name)
+        existing = self._find_daemon(f"slurmd-{name}")
+        if existing is not None and procs.is_running(existing):
+            return
+        state = self._read_state()
+        state["daemons"] = [d for d in state.get("daemons", []) if d.get("name") != f"slurmd-{name}"]
+        with ports.host_lock():
+            self._spawn(state, f"slurmd-{name}", self._slurmd_argv(name), self._daemon_env())
+        port = int(state["ports"]["base"]) + self.node_names.index(name) + 1
+        self._wait_for(lambda: ports.can_connect(port), f"slurmd {name} port", f"slurmd-{name}")
+
     def status(self) -> tuple[list[NodeInfo], list[JobInfo]]:
         """Nodes and jobs of the running lab (one sinfo and one squeue call)."""
         if not self.is_up():
@@ -212,22 +244,20 @@ class LabCluster:
         for stale in layout.run_dir.glob("*.pid"):
             stale.unlink()
         daemon_env = self._daemon_env()
-        state: dict[str, Any] = {"version": 1, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
-                                 "nodes": list(layout.node_names), "daemons": []}
+        state: dict[str, Any] = {
+            "version": 1, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
+            "nodes": list(layout.node_names), "cpus_per_node": layout.cpus_per_node, "daemons": [],
+        }
         try:
             say("starting munged")
             self._spawn(state, "munged", munged_argv(layout), daemon_env)
             self._wait_for(lambda: layout.munge_socket.exists(), "munged socket", "munged")
             say(f"starting slurmctld on port {layout.ctld_port}")
-            self._spawn(state, "slurmctld",
-                        ["/usr/sbin/slurmctld" if Path("/usr/sbin/slurmctld").exists() else "slurmctld",
-                         "-D", "-f", str(layout.conf_path)], daemon_env)
+            self._spawn(state, "slurmctld", [_program("slurmctld"), "-D", "-f", str(self.conf_path)], daemon_env)
             self._wait_for(lambda: ports.can_connect(layout.ctld_port), "slurmctld port", "slurmctld")
             say(f"starting {len(layout.node_names)} slurmd ({', '.join(layout.node_names)})")
-            slurmd = "/usr/sbin/slurmd" if Path("/usr/sbin/slurmd").exists() else "slurmd"
             for name in layout.node_names:
-                self._spawn(state, f"slurmd-{name}", [slurmd, "-D", "-N", name, "-f", str(layout.conf_path)],
-                            daemon_env)
+                self._spawn(state, f"slurmd-{name}", self._slurmd_argv(name), daemon_env)
             for name, port in zip(layout.node_names, layout.node_ports):
                 self._wait_for(lambda p=port: ports.can_connect(p), f"slurmd {name} port", f"slurmd-{name}")
         except BaseException:
@@ -235,6 +265,15 @@ class LabCluster:
             self._stop_daemons(say)
             raise
         self._write_state(state)
+
+    def _slurmd_argv(self, name: str) -> list[str]:
+        # Invoked under their real names: Slurm disables PrologSlurmctld & co. for renamed daemons.
+        return [_program("slurmd"), "-D", "-N", name, "-f", str(self.conf_path)]
+
+    def _known_node(self, name: str) -> str:
+        if name not in self.node_names:
+            raise LabError(f"no node {name!r} in this lab (nodes: {', '.join(self.node_names)})")
+        return name
 
     def _spawn(self, state: dict[str, Any], name: str, argv: list[str], env: Mapping[str, str]) -> None:
         daemon = procs.spawn(name, argv, env=env, log_path=self.dir / "log" / f"{name}.out")
@@ -411,13 +450,19 @@ class LabCluster:
     def _same_nodes(self, state: Mapping[str, Any], layout: LabLayout) -> bool:
         ports_state = state.get("ports") or {}
         return (self._recorded_nodes(state) == list(layout.node_names)
-                and int(ports_state.get("base", -1)) == layout.ctld_port)
+                and int(ports_state.get("base", -1)) == layout.ctld_port
+                and int(state.get("cpus_per_node", -1)) == layout.cpus_per_node)
+
+
+def _program(name: str) -> str:
+    """Absolute path of a daemon (``/usr/sbin`` is often not on a user's PATH)."""
+    found = shutil.which(name) or (f"/usr/sbin/{name}" if Path("/usr/sbin", name).exists() else None)
+    return found or name
 
 
 def munged_argv(layout: LabLayout) -> list[str]:
     m = layout.munge_dir
-    exe = "/usr/sbin/munged" if Path("/usr/sbin/munged").exists() else "munged"
-    return [exe, "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
+    return [_program("munged"), "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
             f"--pid-file={m / 'munged.pid'}", f"--log-file={layout.log_dir / 'munged.log'}",
             f"--seed-file={m / 'munged.seed'}"]
 

@@ -1,29 +1,151 @@
-"""Pure parsers for Slurm output (squeue/sinfo --json, scontrol show, hostlists). No subprocess, no clock."""
+"""Pure parsers for Slurm output: ``squeue --json``, ``sinfo --json``, ``scontrol show`` text, hostlists.
+
+No subprocess and no clock here; every function takes text and returns plain records. The JSON parsers read the
+22.05 format (openapi v0.0.38) and tolerate the later shapes (state lists, ``{"set", "number"}`` numbers,
+structured exit codes), so a newer Slurm degrades gracefully instead of crashing the monitor.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
 
+# --- squeue / sinfo --json --------------------------------------------------------------------------------------
+
 
 def parse_squeue_json(text: str) -> list[JobInfo]:
+    """Every job in one ``squeue --json`` document."""
     data = _load(text, "squeue --json")
-    return [_job(j) for j in data.get("jobs", [])]
+    return [parse_job_record(record) for record in _records(data, "jobs", "squeue --json")]
 
 
 def parse_sinfo_json(text: str) -> list[NodeInfo]:
+    """Every node in one ``sinfo --json`` document (a node listed under several partitions appears once)."""
     data = _load(text, "sinfo --json")
-    return [_node(n) for n in data.get("nodes", [])]
+    nodes: dict[str, NodeInfo] = {}
+    for record in _records(data, "nodes", "sinfo --json"):
+        node = parse_node_record(record)
+        nodes.setdefault(node.name, node)
+    return list(nodes.values())
+
+
+def parse_job_record(job: Mapping[str, Any]) -> JobInfo:
+    """One job object of ``squeue --json``."""
+    if "job_id" not in job:
+        raise ValueError(f"squeue --json: job record without job_id: {sorted(job)[:8]}")
+    state = JobState.parse(_first_state(job.get("job_state")))
+    exit_code, exit_signal = (decode_exit(job.get("exit_code")) if _has_ended(state) else (None, None))
+    user_id = _number(job.get("user_id"))
+    job_id = int(_number(job["job_id"]) or 0)
+    work_dir = str(job.get("current_working_directory") or "")
+    std_out = _output_path(job, "standard_output", job_id, work_dir)
+    return JobInfo(
+        job_id=job_id,
+        name=str(job.get("name") or ""),
+        user_id=user_id,
+        state=state,
+        reason=_reason(job.get("state_reason")),
+        nodes=tuple(expand_hostlist(str(job.get("nodes") or ""))),
+        exit_code=exit_code,
+        exit_signal=exit_signal,
+        restart_count=int(_number(job.get("restart_cnt")) or 0),
+        comment=str(job.get("comment") or ""),
+        excluded_nodes=tuple(expand_hostlist(str(job.get("excluded_nodes") or ""))),
+        requeue=bool(job.get("requeue", False)),
+        work_dir=work_dir,
+        std_err=_output_path(job, "standard_error", job_id, work_dir) or std_out,
+        std_out=std_out,
+    )
+
+
+def parse_node_record(node: Mapping[str, Any]) -> NodeInfo:
+    """One node object of ``sinfo --json``: base state plus flags, upper case (``IDLE``, ``DRAIN`` ...)."""
+    if "name" not in node:
+        raise ValueError(f"sinfo --json: node record without name: {sorted(node)[:8]}")
+    raw = node.get("state")
+    states = list(raw) if isinstance(raw, list) else [raw]
+    states += list(node.get("state_flags") or [])
+    return NodeInfo(
+        name=str(node["name"]),
+        state=frozenset(str(s).strip().upper() for s in states if s),
+        reason=str(node.get("reason") or ""),
+    )
+
+
+def decode_exit(value: Any) -> tuple[int | None, int | None]:
+    """``(exit code, signal)`` from squeue's exit_code.
+
+    22.05 gives the raw wait status (``768`` = exit 3, ``9`` = killed by SIGKILL, ``35584`` = exit 139). Like
+    ``scontrol``'s ``ExitCode=code:signal`` a signalled job reads ``(0, signal)``; the signal is None otherwise.
+    A shell reporting its child's death as ``128+N`` stays an exit code: judging that is the classifier's job.
+    Later Slurm versions give ``{"return_code": ..., "signal": {"id": ...}}``; that is read too.
+    """
+    if value is None:
+        return None, None
+    if isinstance(value, Mapping):
+        code = _number(value.get("return_code"))
+        signal = value.get("signal") or {}
+        sig = _number(signal.get("id")) if isinstance(signal, Mapping) else _number(signal)
+        return (code if code is not None else 0), (sig or None)
+    status = _number(value)
+    if status is None:
+        return None, None
+    if status & 0x7F:  # WIFSIGNALED (0x7f would be "stopped"; a finished job is never stopped)
+        return 0, status & 0x7F
+    return (status >> 8) & 0xFF, None
 
 
 def parse_version(text: str) -> str:
+    """``"22.05.8"`` from ``scontrol --version`` (``slurm 22.05.8``) or similar."""
     match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text)
     if not match:
         raise ValueError(f"no Slurm version in {text.strip()!r}")
     return match.group(1)
+
+
+def _output_path(job: Mapping[str, Any], key: str, job_id: int, work_dir: str) -> str:
+    """The batch script's stdout/stderr path: Slurm's default ``slurm-%j.out`` when unset, ``%j %x %u %%``
+    expanded, relative to the work dir. Other patterns (``%N``, ``%a`` ...) are left as they are."""
+    pattern = str(job.get(key) or "")
+    if not pattern:
+        if key == "standard_error" or not job.get("batch_flag", True) or not work_dir:
+            return ""
+        pattern = "slurm-%j.out"
+    replacements = {"j": str(job_id), "x": str(job.get("name") or ""), "u": str(job.get("user_name") or ""),
+                    "%": "%"}
+    text = re.sub(r"%(.)", lambda m: replacements.get(m.group(1), m.group(0)), pattern)
+    if work_dir and not text.startswith("/"):
+        text = f"{work_dir.rstrip('/')}/{text}"
+    return text
+
+
+def _has_ended(state: JobState) -> bool:
+    return state.finished or state is JobState.COMPLETING
+
+
+def _first_state(value: Any) -> str:
+    if isinstance(value, list):
+        return str(value[0]) if value else ""
+    return str(value or "")
+
+
+def _number(value: Any) -> int | None:
+    """An int from ``5``, ``"5"`` or ``{"set": true, "infinite": false, "number": 5}`` (None when unset)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        return _number(value.get("number"))
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _load(text: str, what: str) -> dict[str, Any]:
@@ -33,32 +155,174 @@ def _load(text: str, what: str) -> dict[str, Any]:
         raise ValueError(f"{what}: output is not JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    errors = [e for e in data.get("errors") or [] if e]
+    if errors and not data.get("jobs") and not data.get("nodes"):
+        raise ValueError(f"{what}: Slurm reported errors: {errors}")
     return data
 
 
-def _job(j: dict[str, Any]) -> JobInfo:
-    return JobInfo(job_id=int(j["job_id"]), name=str(j.get("name", "")), state=JobState.parse(str(j.get("job_state", ""))),
-                   nodes=tuple(expand_hostlist(j.get("nodes") or "")))
+def _records(data: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
+    records = data.get(key, [])
+    if not isinstance(records, list) or not all(isinstance(r, Mapping) for r in records):
+        raise ValueError(f"{what}: {key!r} must be a list of objects")
+    return records
 
 
-def _node(n: dict[str, Any]) -> NodeInfo:
-    state = {str(n.get("state", "")).upper()} | {str(f).upper() for f in n.get("state_flags", [])}
-    return NodeInfo(name=str(n["name"]), state=frozenset(s for s in state if s), reason=str(n.get("reason", "")))
+# --- scontrol show ----------------------------------------------------------------------------------------------
+
+# Fields scontrol prints alone on their line whose values may contain spaces (and '=').
+_REST_OF_LINE = frozenset({"Reason", "Comment", "AdminComment", "SystemComment", "OS", "Command", "WorkDir",
+                           "StdErr", "StdIn", "StdOut", "Power", "Extra"})
+_KEY = re.compile(r"(?:(?<=\s)|^)([A-Za-z][A-Za-z0-9_:/]*)=")
 
 
-def expand_hostlist(text: str) -> list[str]:
-    out = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
-        m = re.match(r"^(.*)\[([^\]]*)\](.*)$", part)
-        if not m:
-            out.append(part)
+def parse_scontrol_show(text: str) -> dict[str, str]:
+    """One record of ``scontrol show job|node`` (multi-line or ``-o``) as ``{key: value}``.
+
+    Values with spaces (``Reason=slurm-ft: xid 79 [root@2024-...]``, ``Comment=...``, ``OS=Linux ...``) are kept
+    whole: on their own line they run to the end of it; inline, a value ends where the next ``Key=`` starts.
+    """
+    record: dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
             continue
-        for rng in m.group(2).split(","):
-            lo, _, hi = rng.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{m.group(1)}{str(i).zfill(len(lo))}{m.group(3)}")
+        head, sep, rest = stripped.partition("=")
+        if sep and head in _REST_OF_LINE:
+            record[head] = rest.strip()
+            continue
+        record.update(_split_inline(stripped))
+    return record
+
+
+def parse_scontrol_show_all(text: str) -> list[dict[str, str]]:
+    """Every record of ``scontrol show job|node`` output (records are separated by blank lines)."""
+    blocks = re.split(r"\n\s*\n", text.strip())
+    if len(blocks) == 1 and "\n" in text.strip() and _looks_one_line(text):
+        blocks = text.strip().splitlines()
+    return [parse_scontrol_show(block) for block in blocks if block.strip()]
+
+
+def split_node_reason(reason: str) -> tuple[str, str, str]:
+    """``("slurm-ft: xid 79", "root", "2024-05-01T10:00:00")`` from scontrol's ``Reason=... [root@time]``."""
+    match = re.match(r"^(.*?)\s*\[([^@\]]+)@([^\]]+)\]$", reason.strip())
+    if not match:
+        return reason.strip(), "", ""
+    return match.group(1), match.group(2), match.group(3)
+
+
+def _split_inline(line: str) -> dict[str, str]:
+    matches = list(_KEY.finditer(line))
+    out: dict[str, str] = {}
+    for current, following in itertools.zip_longest(matches, matches[1:]):
+        end = following.start() if following is not None else len(line)
+        out[current.group(1)] = line[current.end():end].strip()
     return out
 
 
-def compress_hostlist(names: list[str]) -> str:
-    return ",".join(names)
+def _looks_one_line(text: str) -> bool:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return all(re.match(r"^(JobId|NodeName|PartitionName)=", line) for line in lines)
+
+
+# --- hostlists --------------------------------------------------------------------------------------------------
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """``"n[1-3,5],gpu07"`` -> ``["n1", "n2", "n3", "n5", "gpu07"]`` (zero padding kept; several bracket groups
+    in one name multiply out). ``""``/``"(null)"``/``"None assigned"`` -> ``[]``."""
+    text = text.strip()
+    if text in ("", "(null)", "None assigned", "N/A"):
+        return []
+    names: list[str] = []
+    for part in _split_top_level(text):
+        names.extend(_expand_one(part))
+    return names
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """``["n1", "n2", "n3", "n5"]`` -> ``"n[1-3,5]"``; names are grouped by prefix and padding, duplicates dropped."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    order: list[tuple[str, int] | str] = []
+    for name in names:
+        match = re.match(r"^(.*?)(\d+)$", name)
+        if not match:
+            if name not in order:
+                order.append(name)
+            continue
+        prefix, digits = match.groups()
+        width = len(digits) if digits.startswith("0") and len(digits) > 1 else 0
+        key = (prefix, width)
+        if key not in groups:
+            groups[key] = set()
+            order.append(key)
+        groups[key].add(int(digits))
+    parts = []
+    for item in order:
+        if isinstance(item, str):
+            parts.append(item)
+            continue
+        prefix, width = item
+        numbers = sorted(groups[item])
+        if len(numbers) == 1:
+            parts.append(f"{prefix}{numbers[0]:0{width}d}")
+            continue
+        parts.append(f"{prefix}[{','.join(_ranges(numbers, width))}]")
+    return ",".join(parts)
+
+
+def _ranges(numbers: list[int], width: int) -> list[str]:
+    out = []
+    for _, run in itertools.groupby(enumerate(numbers), key=lambda pair: pair[1] - pair[0]):
+        values = [v for _, v in run]
+        lo, hi = values[0], values[-1]
+        out.append(f"{lo:0{width}d}" if lo == hi else f"{lo:0{width}d}-{hi:0{width}d}")
+    return out
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"hostlist {text!r}: unbalanced ']'")
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if depth != 0:
+        raise ValueError(f"hostlist {text!r}: unbalanced '['")
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_one(part: str) -> list[str]:
+    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
+    if not match:
+        return [part]
+    prefix, inner, suffix = match.groups()
+    values = []
+    for item in inner.split(","):
+        rng = _RANGE.match(item.strip())
+        if not rng:
+            raise ValueError(f"hostlist {part!r}: bad range {item!r}")
+        lo_text, hi_text = rng.group(1), rng.group(2) or rng.group(1)
+        lo, hi = int(lo_text), int(hi_text)
+        if hi < lo:
+            raise ValueError(f"hostlist {part!r}: range {item!r} runs backwards")
+        if hi - lo > 100_000:
+            raise ValueError(f"hostlist {part!r}: range {item!r} is too large")
+        width = len(lo_text) if lo_text.startswith("0") else 0
+        values.extend(f"{i:0{width}d}" for i in range(lo, hi + 1))
+    return [f"{prefix}{v}{tail}" for v in values for tail in _expand_one(suffix)]
+
+
+def _reason(value: Any) -> str:
+    text = str(value or "")
+    return "" if text == "None" else text

@@ -1,0 +1,75 @@
+"""The real lab cluster for integration tests.
+
+The session fixture ``lab`` starts a 4-node lab (own munged, slurmctld, 4 x slurmd) in a fresh directory under
+/tmp and stops it at the end. With ``SLURM_FT_LAB_DIR`` set it reuses (or starts) that lab and leaves it running,
+which makes re-runs fast during development. Without root or without Slurm installed the lab tests are skipped,
+except under ``CI=true``, where they must run: the fixture then fails loudly instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_ft import env as ft_env
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_prerequisites
+
+LAB_NODES = 4
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"lab cluster required in CI but unavailable: {reason}", pytrace=False)
+    pytest.skip(f"lab cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
+    """A running LabCluster with 4 idle-ready nodes (n1..n4)."""
+    try:
+        check_prerequisites()
+    except LabError as exc:
+        _unavailable(str(exc))
+    reuse = os.environ.get(ft_env.LAB_DIR)
+    if reuse:
+        cluster = LabCluster.attach(reuse)
+        if not cluster.is_up():
+            _start(LabCluster(LabConfig(dir=Path(reuse), nodes=LAB_NODES)))
+            cluster = LabCluster.attach(reuse)
+        yield cluster
+        return
+    lab_dir = Path(tempfile.mkdtemp(prefix="slurm-ft-lab-", dir="/tmp"))
+    cluster = LabCluster(LabConfig(dir=lab_dir, nodes=LAB_NODES))
+    try:
+        _start(cluster)
+        yield cluster
+    finally:
+        cluster.down()
+        if request.session.testsfailed:
+            print(f"\nlab logs kept in {lab_dir / 'log'}", file=sys.stderr)
+        else:
+            shutil.rmtree(lab_dir, ignore_errors=True)
+
+
+def _start(cluster: LabCluster) -> None:
+    try:
+        cluster.up()
+    except LabError as exc:
+        cluster.down()
+        _unavailable(f"lab up failed: {exc}")
+
+
+@pytest.fixture(scope="session")
+def lab_env(lab: LabCluster) -> dict[str, str]:
+    """``os.environ`` plus the lab's SLURM_CONF, for subprocess calls to Slurm tools."""
+    return {**os.environ, **lab.env()}

@@ -1,1 +1,17 @@
-"""Failure classification: plain records in, a Verdict out (see taxonomy)."""
+"""Failure classification: plain records in, a Verdict out (see taxonomy).
+
+``classify(evidence, rules=None) -> Verdict`` is pure; ``load_rules(extra_paths, site_config)`` reads the
+shipped ``rules.toml`` plus site overrides. Nothing here imports torch.
+"""
+
+from slurm_ft.classify.engine import classify
+from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
+from slurm_ft.classify.rules import Rules, default_rules, load_rules
+from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
+from slurm_ft.classify.xid import XidInfo, XidKind, load_xid_table, parse_kmsg_xids, parse_xid_line, xid_info
+
+__all__ = [
+    "Action", "Category", "Culprit", "Evidence", "JobEnd", "LogTail", "NodeEvent", "Rules", "Verdict", "XidInfo",
+    "XidKind", "classify", "default_rules", "error_record_from_dict", "load_rules", "load_xid_table",
+    "parse_kmsg_xids", "parse_xid_line", "xid_info",
+]

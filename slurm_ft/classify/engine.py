@@ -1,0 +1,500 @@
+"""The classifier: every input becomes findings, findings reduce to one ``Verdict``. Pure: no I/O, no clock.
+
+Reduction (the rules.toml header documents it for admins):
+
+1. A ``final`` job state (COMPLETED, CANCELLED) decides alone.
+2. Node evidence (priority >= 90: Xid, ECC, NVLink, node DOWN, NODE_FAIL) decides; every node with such a
+   finding is a culprit. Hardware on a node beats any rank's error.
+3. Job-level facts (70-89: PREEMPTED, TIMEOUT, the OOM killer ...).
+4. Rank errors (< 70): the root cause is the earliest failing rank (error-file times, when every candidate
+   has one), else the most specific error; ranks that failed the same way are culprits too.
+5. Only secondary findings (victims, teardown): the strongest one names the category, with low confidence
+   and no culprit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Iterator
+
+from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
+from slurm_ft.classify.rules import Rule, Rules, default_rules
+from slurm_ft.classify.scan import LineHit
+from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
+from slurm_ft.classify.xid import XidKind, normalize_pci, xid_pid
+from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent
+from slurm_ft.train.records import ErrorRecord
+
+NODE_BAND = 90
+JOB_BAND = 70
+MAX_EVIDENCE_CHARS = 300
+_REQUEUEING = (Action.REQUEUE, Action.REQUEUE_EXCLUDE, Action.RESTART_IN_PLACE)
+
+_RANK_PREFIX = re.compile(r"^\[rank(\d{1,6})\]:|^(\d{1,6}): ")
+_RANK_INLINE = re.compile(r"\[(?:PG [^\]]{0,80}?)?Rank (\d{1,6})\]")
+_SUMMARY_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_SUMMARY_ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+_INT_PREFIX = re.compile(r"-?\d+")
+
+# Findings that come from records rather than from rules.toml entries.
+_XID_RULES = {
+    XidKind.DRAIN: Rule(id="xid:drain", category=Category.HARDWARE_GPU, priority=100, confidence=0.95),
+    XidKind.RESTART: Rule(id="xid:restart", category=Category.HARDWARE_GPU, priority=60, confidence=0.7,
+                          action=Action.REQUEUE),
+    XidKind.APPLICATION: Rule(id="xid:application", category=Category.USER_CODE, priority=30, confidence=0.4),
+    XidKind.SECONDARY: Rule(id="xid:secondary", category=Category.UNKNOWN, priority=10, confidence=0.2,
+                            secondary=True),
+}
+_NVML_LOST = Rule(id="nvml:gpu_lost", category=Category.HARDWARE_GPU, priority=99, confidence=0.95)
+_NVML_FAULT = Rule(id="nvml:fault", category=Category.HARDWARE_GPU, priority=97, confidence=0.9)
+_NVML_PENDING = Rule(id="nvml:pending", category=Category.HARDWARE_GPU, priority=93, confidence=0.8)
+_NVML_WEAR = Rule(id="nvml:wear", category=Category.HARDWARE_GPU, priority=91, confidence=0.7)
+_ROOT_CAUSE = Rule(id="torchrun:root_cause", category=Category.UNKNOWN, priority=5, confidence=0.3)
+_NOTHING = Rule(id="none", category=Category.UNKNOWN, priority=0, confidence=0.1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finding:
+    """One fact and what it means. ``order`` keeps input order for stable tie-breaks."""
+
+    rule: Rule
+    evidence: str
+    kind: str  # which input: job, node, nvml, xid, error, log, kmsg
+    node: str = ""
+    rank: int | None = None
+    time: float | None = None
+    order: int = 0
+
+    @property
+    def category(self) -> Category:
+        return self.rule.category
+
+    @property
+    def priority(self) -> int:
+        return self.rule.priority
+
+
+class _Context:
+    """What ties inputs together: which rank ran where, which pid was which rank, when each rank died."""
+
+    def __init__(self, evidence: Evidence) -> None:
+        self.rank_node: dict[int, str] = {}
+        self.pid_rank: dict[tuple[str, int], int] = {}
+        self.rank_time: dict[int, float] = {}
+        self.root_ranks: set[int] = set()
+        self.job_nodes = frozenset(evidence.job.nodes) if evidence.job is not None else frozenset()
+        for record in evidence.errors:
+            if record.host:
+                self.rank_node.setdefault(record.rank, record.host)
+            if isinstance(record.pid, int) and record.pid > 0:
+                self.pid_rank[(record.host, record.pid)] = record.rank
+            if record.time == record.time:  # not NaN
+                self.rank_time[record.rank] = min(record.time, self.rank_time.get(record.rank, record.time))
+        for tail in evidence.logs:
+            if tail.rank is not None and tail.node:
+                self.rank_node.setdefault(tail.rank, tail.node)
+
+    def on_job(self, node: str) -> bool:
+        return not self.job_nodes or not node or node in self.job_nodes
+
+    def rank_for_pid(self, node: str, pid: int | None) -> int | None:
+        if pid is None:
+            return None
+        rank = self.pid_rank.get((node, pid))
+        if rank is None:
+            rank = self.pid_rank.get(("", pid))
+        return rank
+
+
+def classify(evidence: Evidence, rules: Rules | None = None) -> Verdict:
+    """The verdict for ``evidence`` under ``rules`` (default: the shipped rules). Pure and deterministic."""
+    rules = rules if rules is not None else default_rules()
+    job = evidence.job
+    if job is not None:
+        state_rule = rules.job_states.get(job.state)
+        if state_rule is not None and state_rule.final:
+            return _final_verdict(job, state_rule, rules)
+    ctx = _Context(evidence)
+    findings: list[Finding] = []
+    xids: list[XidEvent] = list(evidence.kmsg)
+    if job is not None:
+        findings += _job_findings(job, rules)
+    findings += _node_event_findings(evidence.nodes, ctx, rules)
+    for snapshot in evidence.nvml:
+        if ctx.on_job(snapshot.node):
+            findings += _nvml_findings(snapshot, rules)
+            xids += snapshot.xids
+    for record in evidence.errors:
+        findings += _error_findings(record, rules)
+    for tail in evidence.logs:
+        findings += _log_findings(tail, ctx, rules, xids)
+    findings += _xid_findings(xids, ctx, rules)
+    findings = [dataclasses.replace(f, order=i) for i, f in enumerate(findings)]
+    return _reduce(findings, ctx, rules, evidence)
+
+
+# ---- gathering findings --------------------------------------------------------------------------------------
+
+def _final_verdict(job: JobEnd, rule: Rule, rules: Rules) -> Verdict:
+    policy = rules.policy(rule.category)
+    action = rule.action or policy.action
+    recoverable = rule.recoverable if rule.recoverable is not None else policy.recoverable
+    text = f"job: state {job.state}" + (f" ({rule.note})" if rule.note else "")
+    return Verdict(category=rule.category, recoverable=recoverable, action=action, evidence=(text,), confidence=1.0)
+
+
+def _job_findings(job: JobEnd, rules: Rules) -> list[Finding]:
+    found = []
+    rule = rules.job_states.get(job.state)
+    if rule is not None:
+        note = f" ({rule.note})" if rule.note else ""
+        found.append(Finding(rule, f"job: state {job.state}{note}", "job"))
+    if job.reason:
+        for hit in rules.scanners["job_reason"].scan(job.reason[:512]):
+            for sig, _ in hit.signatures:
+                found.append(Finding(sig.rule, f"job: reason {job.reason[:100]!r}", "job"))
+    signal = job.signal
+    if not signal and job.exit_code is not None and 128 < job.exit_code < 128 + 65:
+        signal = job.exit_code - 128
+    if signal:
+        rule = rules.signals.get(signal)
+        if rule is not None:
+            found.append(Finding(rule, f"job: killed by signal {signal} ({rule.name or 'signal'})", "job"))
+    elif job.exit_code is not None:
+        rule = rules.exit_codes.get(job.exit_code)
+        if rule is not None:
+            found.append(Finding(rule, f"job: exit code {job.exit_code} ({rule.note or 'exit code'})", "job"))
+    return found
+
+
+def _node_event_findings(events: Iterable[NodeEvent], ctx: _Context, rules: Rules) -> list[Finding]:
+    found = []
+    for event in events:
+        if not ctx.on_job(event.name):
+            continue
+        flags = "+".join(sorted(event.state))
+        text = f"{event.name}: node state {flags}" + (f", reason {event.reason[:120]!r}" if event.reason else "")
+        for flag in sorted(event.state):
+            rule = rules.node_states.get(flag)
+            if rule is not None:
+                found.append(Finding(rule, text, "node", node=event.name))
+        if event.reason:
+            for hit in rules.scanners["node_reason"].scan(event.reason[:512]):
+                for sig, _ in hit.signatures:
+                    found.append(Finding(sig.rule, text, "node", node=event.name))
+    return found
+
+
+def _nvml_findings(snapshot: NvmlSnapshot, rules: Rules) -> list[Finding]:
+    node, limits = snapshot.node, rules.nvml
+    found = []
+    if not snapshot.available and _is_lost(snapshot.error, limits.lost_gpu_errors):
+        found.append(Finding(_NVML_LOST, f"{node} NVML: {snapshot.error[:200]}", "nvml", node=node))
+    for gpu in snapshot.gpus:
+        where = f"{node} GPU {gpu.index}" + (f" ({gpu.pci_bus})" if gpu.pci_bus else "")
+        for rule, what in _gpu_problems(gpu, limits):
+            found.append(Finding(rule, f"{where}: {what}", "nvml", node=node))
+    return found
+
+
+def _is_lost(error: str, patterns: tuple[str, ...]) -> bool:
+    low = error.lower()
+    return bool(error) and any(p.lower() in low for p in patterns)
+
+
+def _gpu_problems(gpu: GpuHealth, limits) -> Iterator[tuple[Rule, str]]:
+    error = getattr(gpu, "error", "") or ""
+    if _is_lost(error, limits.lost_gpu_errors):
+        yield _NVML_LOST, f"NVML: {error[:200]}"
+    if _over(gpu.ecc_volatile_uncorrected, limits.ecc_volatile_uncorrected_max):
+        yield _NVML_FAULT, f"{gpu.ecc_volatile_uncorrected} volatile uncorrected ECC errors"
+    if limits.remap_failure and gpu.remap_failure:
+        yield _NVML_FAULT, "row remapping failed"
+    if limits.nvlink_down and gpu.nvlink_down:
+        yield _NVML_FAULT, f"NVLink down: links {', '.join(map(str, gpu.nvlink_down))}"
+    if limits.remap_pending and gpu.remap_pending:
+        yield _NVML_PENDING, "row remap pending (needs a GPU reset)"
+    if limits.retired_pages_pending and gpu.retired_pages_pending:
+        yield _NVML_PENDING, "page retirement pending (needs a GPU reset)"
+    retired = (gpu.retired_pages_sbe or 0) + (gpu.retired_pages_dbe or 0)
+    if (gpu.retired_pages_sbe is not None or gpu.retired_pages_dbe is not None) and _over(retired, limits.retired_pages_max):
+        yield _NVML_WEAR, f"{retired} retired pages"
+    if _over(gpu.ecc_aggregate_uncorrected, limits.ecc_aggregate_uncorrected_max):
+        yield _NVML_WEAR, f"{gpu.ecc_aggregate_uncorrected} aggregate uncorrected ECC errors"
+    if _over(gpu.remapped_rows_uncorrectable, limits.remapped_rows_uncorrectable_max):
+        yield _NVML_WEAR, f"{gpu.remapped_rows_uncorrectable} rows remapped for uncorrectable errors"
+    if _over(gpu.nvlink_errors, limits.nvlink_errors_max):
+        yield _NVML_WEAR, f"{gpu.nvlink_errors} NVLink errors"
+    if _over(gpu.temperature_c, limits.temperature_max_c):
+        yield _NVML_WEAR, f"temperature {gpu.temperature_c} C"
+
+
+def _over(value: int | None, limit: int | None) -> bool:
+    return limit is not None and isinstance(value, int) and value > limit
+
+
+def _xid_findings(events: Iterable[XidEvent], ctx: _Context, rules: Rules) -> list[Finding]:
+    found, seen = [], set()
+    for event in events:
+        if not isinstance(event.xid, int) or not ctx.on_job(event.node):
+            continue
+        key = (event.node, event.xid, normalize_pci(event.pci_bus) if event.pci_bus else event.gpu_index)
+        if key in seen:
+            continue
+        seen.add(key)
+        info = rules.xid(event.xid)
+        rule = _XID_RULES.get(info.kind_for(event.text or ""))
+        if rule is None:
+            continue  # watch: a health-probe matter, not a cause
+        where = f" on GPU {event.gpu_index}" if event.gpu_index is not None else (f" on {event.pci_bus}" if event.pci_bus else "")
+        line = (event.text or "").strip()
+        text = f"{event.node} Xid {event.xid} ({info.name}){where}" + (f": {line}" if line else "")
+        rank = ctx.rank_for_pid(event.node, xid_pid(event.text or ""))
+        found.append(Finding(rule, text, "xid", node=event.node, rank=rank, time=event.time))
+    return found
+
+
+def _error_findings(record: ErrorRecord, rules: Rules) -> list[Finding]:
+    limit = rules.limits.max_error_chars
+    text = f"{record.exc_type}: {record.message}"[:limit]
+    if record.traceback:
+        text += "\n" + record.traceback[-limit:]
+    label = f"rank {record.rank}" + (f" ({record.host})" if record.host else "") + " error file"
+    hits = rules.scanners["error"].scan(text)
+    found = list(_hit_findings(hits, rules, label, "error", rank=record.rank, node=record.host, time=record.time,
+                               limit=rules.limits.max_findings_per_text))
+    if not any(not f.rule.generic for f in found):
+        rule = rules.exception(record.exc_type)
+        if rule is not None:
+            first = text.split("\n", 1)[0]
+            found.append(Finding(rule, f"{label}: {_clip(first)}", "error", node=record.host, rank=record.rank,
+                                 time=record.time))
+    else:
+        found = [f for f in found if not f.rule.generic]
+    return found
+
+
+def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEvent]) -> list[Finding]:
+    text = tail.text[-rules.limits.max_tail_chars:]
+    hits = rules.scanners[tail.kind].scan(text)
+    node = tail.node_name
+    if tail.kind == "kmsg":
+        xids += [XidEvent(node=node, xid=h.xid[1], pci_bus=h.xid[0], text=h.line.strip(), source="kmsg")
+                 for h in hits if h.xid is not None]
+    label = (f"rank {tail.rank}" if tail.rank is not None else node or "unattributed") + f" {tail.kind}"
+    found = list(_hit_findings(hits, rules, label, tail.kind, rank=tail.rank, node=node, time=None,
+                               limit=rules.limits.max_findings_per_text, per_line=True))
+    if tail.kind == "log" and any("ChildFailedError" in h.line for h in hits):
+        found += _summary_findings(text, ctx, label)
+    return found
+
+
+def _hit_findings(hits: list[LineHit], rules: Rules, label: str, kind: str, *, rank: int | None, node: str,
+                  time: float | None, limit: int, per_line: bool = False) -> Iterator[Finding]:
+    """Findings for scanned lines. ``per_line``: a generic match counts only on a line no specific rule matched."""
+    emitted = 0
+    for hit in hits:
+        if emitted >= limit:
+            return
+        line_rank = rank if rank is not None else _line_rank(hit.line)
+        specific = [(s, m) for s, m in hit.signatures if not s.rule.generic]
+        chosen = specific if (specific or not per_line) else list(hit.signatures)
+        for sig, match in chosen:
+            groups = match.groupdict()
+            sig_rank = _int_or(groups.get("rank"), line_rank)
+            found_node = groups.get("node") or node
+            yield Finding(sig.rule, f"{label}: {_clip(hit.line)}", kind, node=found_node, rank=sig_rank, time=time)
+            emitted += 1
+        if not chosen and hit.exception is not None:
+            rule = rules.exception(hit.exception["exc"])
+            if rule is not None:
+                yield Finding(rule, f"{label}: {_clip(hit.line)}", kind, node=node, rank=line_rank, time=time)
+                emitted += 1
+
+
+def _line_rank(line: str) -> int | None:
+    m = _RANK_PREFIX.match(line)
+    if m:
+        return int(m.group(1) or m.group(2))
+    m = _RANK_INLINE.search(line)
+    return int(m.group(1)) if m else None
+
+
+def _int_or(text: str | None, default: int | None) -> int | None:
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        return default
+
+
+def _summary_findings(text: str, ctx: _Context, label: str) -> list[Finding]:
+    """torchrun's ChildFailedError summary: who failed where, and the agent's first observed failure."""
+    found = []
+    for section, entry in _summary_entries(text):
+        rank = _int_or(_first_int(entry.get("rank", "")), None)
+        host = entry.get("host", "").strip()
+        if rank is None:
+            continue
+        if host and host != "<N/A>":
+            ctx.rank_node.setdefault(rank, host)
+        if section != "root":
+            continue
+        ctx.root_ranks.add(rank)
+        code = _int_or(_first_int(entry.get("exitcode", "")), None)
+        how = f"exitcode {code}" if code is not None else "failed"
+        if code is not None and code < 0:
+            how += f" (signal {-code})"
+        found.append(Finding(_ROOT_CAUSE, f"{label}: torchrun first observed failure: rank {rank} on {host or '?'}, {how}",
+                             "log", node=host, rank=rank))
+    return found
+
+
+def _summary_entries(text: str) -> Iterator[tuple[str, dict[str, str]]]:
+    start = text.find("ChildFailedError")
+    section, entry = "other", None
+    for raw in text[start:].split("\n")[:400]:
+        line = _RANK_PREFIX.sub("", raw, count=1)
+        if line.startswith("Root Cause"):
+            if entry:
+                yield section, entry
+            section, entry = "root", None
+        elif _SUMMARY_ENTRY.match(line):
+            if entry:
+                yield section, entry
+            entry = {}
+        elif (m := _SUMMARY_FIELD.match(line)) and entry is not None:
+            entry.setdefault(m.group(1), m.group(2)[:200])
+        elif line.startswith("====") and section == "root" and entry:
+            break
+    if entry:
+        yield section, entry
+
+
+def _first_int(text: str) -> str | None:
+    m = _INT_PREFIX.search(text)
+    return m.group(0) if m else None
+
+
+def _clip(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= MAX_EVIDENCE_CHARS else line[: MAX_EVIDENCE_CHARS - 3] + "..."
+
+
+# ---- reduction -----------------------------------------------------------------------------------------------
+
+def _reduce(findings: list[Finding], ctx: _Context, rules: Rules, evidence: Evidence) -> Verdict:
+    findings = [_resolved(f, ctx) for f in findings]
+    primaries = [f for f in findings if not f.rule.secondary]
+    secondaries = [f for f in findings if f.rule.secondary]
+    if primaries:
+        top = max(primaries, key=_strength)
+        if top.priority >= NODE_BAND:
+            deciding = sorted((f for f in primaries if f.priority >= NODE_BAND), key=_strength, reverse=True)
+        elif top.priority >= JOB_BAND:
+            deciding = sorted((f for f in primaries if JOB_BAND <= f.priority < NODE_BAND and f.category == top.category),
+                              key=_strength, reverse=True)
+        else:
+            top, deciding = _root_cause(primaries, ctx)
+        confidence = top.rule.confidence
+        if len({f.kind for f in primaries if f.category == top.category}) > 1:
+            confidence = min(1.0, confidence + 0.1)  # independent inputs agree
+        chosen = {id(f) for f in deciding}
+        overruled = [f for f in primaries if id(f) not in chosen and f.category != top.category]
+        return _verdict(top, deciding, secondaries, confidence, rules, evidence, overruled=overruled)
+    if secondaries:
+        top = max(secondaries, key=_strength)
+        victims = sorted(secondaries, key=_strength, reverse=True)
+        return _verdict(top, victims, [], min(top.rule.confidence, 0.3), rules, evidence, blame=False)
+    what = f"job: state {evidence.job.state}" if evidence.job is not None and evidence.job.state else "no input"
+    return _verdict(Finding(_NOTHING, f"{what}; no rule matched", "none"), [], [], _NOTHING.confidence, rules,
+                    evidence, blame=False)
+
+
+def _resolved(finding: Finding, ctx: _Context) -> Finding:
+    node, time = finding.node, finding.time
+    if finding.rank is not None:
+        node = node or ctx.rank_node.get(finding.rank, "")
+        time = time if time is not None else ctx.rank_time.get(finding.rank)
+    if node == finding.node and time == finding.time:
+        return finding
+    return dataclasses.replace(finding, node=node, time=time)
+
+
+def _strength(f: Finding) -> tuple[int, float, bool, int]:
+    return f.priority, f.rule.confidence, bool(f.node), -f.order
+
+
+def _root_cause(primaries: list[Finding], ctx: _Context) -> tuple[Finding, list[Finding]]:
+    """The earliest failing rank's error; ranks that failed the same way are culprits with it."""
+    best: dict[int | None, Finding] = {}
+    for f in primaries:
+        key = f.rank if f.rank is not None else None
+        if key not in best or _strength(f) > _strength(best[key]):
+            best[key] = f
+    candidates = list(best.values())
+    if len(candidates) > 1 and all(f.time is not None for f in candidates):
+        root = min(candidates, key=lambda f: (f.time, -f.priority, f.order))
+    else:
+        root = max(candidates, key=lambda f: (f.priority, f.rank in ctx.root_ranks, f.rule.confidence, -f.order))
+    same = [f for f in candidates if f is not root and f.rule.id == root.rule.id]
+    corroborating = [f for f in primaries if f.rank == root.rank and f is not root and f.category == root.category]
+    return root, [root] + sorted(same, key=lambda f: (f.rank is None, f.rank or 0)) + corroborating
+
+
+def _verdict(top: Finding, deciding: list[Finding], secondaries: list[Finding], confidence: float, rules: Rules,
+             evidence: Evidence, *, blame: bool = True, overruled: list[Finding] = ()) -> Verdict:
+    category = top.category
+    policy = rules.policy(category)
+    action = top.rule.action or (policy.in_allocation_action if evidence.in_allocation else policy.action)
+    if top.rule.recoverable is not None:
+        recoverable = top.rule.recoverable
+    elif top.rule.action is not None:
+        recoverable = action in _REQUEUEING
+    else:
+        recoverable = policy.recoverable
+    blamed = [f for f in deciding if f.rule.blame] if blame else []
+    nodes = tuple(sorted({f.node for f in blamed if f.node}))
+    ranks = tuple(sorted({f.rank for f in blamed if f.rank is not None}))
+    lines = _evidence_lines(deciding or [top], overruled, secondaries, rules.limits.max_evidence)
+    if action is Action.REQUEUE_EXCLUDE and not nodes:
+        action = Action.REQUEUE
+        lines.append("no node to exclude: plain requeue")
+    return Verdict(category=category, recoverable=recoverable, action=action, culprit=Culprit(nodes=nodes, ranks=ranks),
+                   evidence=tuple(lines), confidence=round(confidence, 3))
+
+
+def _evidence_lines(deciding: list[Finding], overruled: list[Finding], secondaries: list[Finding],
+                    limit: int) -> list[str]:
+    """The deciding lines, then one line each for what was outweighed and what were victims."""
+    lines: list[str] = []
+    for f in deciding:
+        if f.evidence not in lines:
+            lines.append(f.evidence)
+        if len(lines) >= limit:
+            break
+    for label, group in (("outweighed", overruled), ("secondary, not the cause", secondaries)):
+        if group:
+            ranks = sorted({f.rank for f in group if f.rank is not None})
+            who = f" on ranks {_ranges(ranks)}" if ranks else ""
+            ids = ", ".join(dict.fromkeys(f.rule.id for f in group))
+            lines.append(f"{label}: {len(group)} finding{'s' if len(group) > 1 else ''}{who} ({_clip(ids)})")
+    return lines
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    parts, start, prev = [], None, None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = r
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(parts)

@@ -35,6 +35,7 @@ SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DE
 DEFAULT_SITE_CONFIG = "/etc/slurm-ft/config.toml"
 STATE_DIR = "SLURM_FT_STATE_DIR"           # where the monitor/quarantine keep SQLite state
 DEFAULT_STATE_DIR = "/var/lib/slurm-ft"
+SLURM_BACKEND = "SLURM_FT_SLURM_BACKEND"   # SlurmClient backend: auto (default), cli or pyslurm
 LAB_DIR = "SLURM_FT_LAB_DIR"               # the lab cluster directory (`slurm-ft lab`, integration tests)
 TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML records from this JSON file
 

@@ -35,7 +35,7 @@ REQUIRED_PROGRAMS = {  # program -> Debian package
     "munged": "munge", "mungekey": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
     "scontrol": "slurm-wlm", "sinfo": "slurm-wlm", "squeue": "slurm-wlm", "sbatch": "slurm-wlm",
 }
-MAX_DIR_LENGTH = 64  # unix socket paths (munge, slurmstepd) must stay under 108 bytes
+MAX_DIR_LENGTH = 72  # unix socket paths (munge, slurmstepd) must stay under 108 bytes
 STATE_FILE = "lab.json"
 
 
@@ -488,10 +488,11 @@ def hook_lines(lab_dir: Path, *, slurm_user: str) -> list[str]:
 
 
 def check_prerequisites(which: Callable[[str], str | None] = shutil.which,
-                        euid: Callable[[], int] = os.geteuid) -> None:
+                        euid: Callable[[], int] = os.geteuid,
+                        exists: Callable[[Path], bool] = Path.exists) -> None:
     """Raise LabError with the apt command when Slurm or munge is missing, or when not root."""
     missing = sorted(prog for prog in REQUIRED_PROGRAMS if which(prog) is None and
-                     not Path("/usr/sbin", prog).exists())
+                     not exists(Path("/usr/sbin", prog)))
     if missing:
         packages = " ".join(sorted({REQUIRED_PROGRAMS[p] for p in missing}))
         raise LabError(f"missing {', '.join(missing)}: install with "

@@ -1,0 +1,224 @@
+"""On-disk checkpoint layout (torch-free): published step dirs, commit markers, manifests, retention.
+
+```
+<ckpt_dir>/step_00000100/            published checkpoint (only once it holds COMMITTED)
+<ckpt_dir>/step_00000100/COMMITTED   the manifest JSON, written last via temp file + rename
+<ckpt_dir>/.tmp-step_00000100-<id>/  a save in progress; never loaded, removed by retention
+```
+A step dir without ``COMMITTED`` (a crash between rename and marker) is not a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+MARKER = "COMMITTED"
+VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d{8,})$")
+_TMP_RE = re.compile(r"^\.tmp-step_(\d{8,})-[0-9a-f]+$")
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, unreadable, or a file does not match it (the message names the file)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Manifest:
+    step: int
+    world_size: int
+    files: dict[str, FileEntry]
+    rank_hosts: list[str] = dataclasses.field(default_factory=list)
+    time: float = 0.0
+    version: int = VERSION
+    path: str = ""  # the step dir it was read from ("" when not read from disk)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "world_size": self.world_size, "rank_hosts": list(self.rank_hosts),
+            "time": self.time, "version": self.version,
+            "files": {name: dataclasses.asdict(entry) for name, entry in sorted(self.files.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, path: str = "") -> Manifest:
+        if not isinstance(data, dict):
+            raise ManifestError(f"{path or 'manifest'}: not a JSON object")
+        try:
+            files = {str(k): FileEntry(size=int(v["size"]), sha256=str(v["sha256"]))
+                     for k, v in data["files"].items()}
+            return cls(step=int(data["step"]), world_size=int(data["world_size"]), files=files,
+                       rank_hosts=[str(h) for h in data.get("rank_hosts", [])],
+                       time=float(data.get("time", 0.0)), version=int(data.get("version", VERSION)), path=path)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ManifestError(f"{path or 'manifest'}: malformed manifest ({exc!r})") from None
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def step_dir(ckpt_dir: str | os.PathLike[str], step: int) -> Path:
+    return Path(ckpt_dir) / step_dir_name(step)
+
+
+def tmp_dir_name(step: int, token: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]+", token):
+        raise ValueError(f"temp dir token must be hex, got {token!r}")
+    return f".tmp-{step_dir_name(step)}-{token}"
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 4 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync a file or directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def scan_files(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
+    """Size and sha256 of every regular file under ``root`` (relative paths; the marker excluded)."""
+    root = Path(root)
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file() or path.name == MARKER:
+            continue
+        found[path.relative_to(root).as_posix()] = FileEntry(size=path.stat().st_size, sha256=sha256_file(path))
+    return found
+
+
+def read_manifest(step_path: str | os.PathLike[str]) -> Manifest:
+    """The manifest of a published step dir; ManifestError when the marker is missing or malformed."""
+    marker = Path(step_path) / MARKER
+    try:
+        text = marker.read_text()
+    except FileNotFoundError:
+        raise ManifestError(f"{marker}: no commit marker (checkpoint not committed)") from None
+    except OSError as exc:
+        raise ManifestError(f"{marker}: unreadable ({exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ManifestError(f"{marker}: not valid JSON") from None
+    return Manifest.from_json(data, path=str(step_path))
+
+
+def verify_files(manifest: Manifest, names: list[str] | None = None) -> list[str]:
+    """Check ``names`` (default: all) against the manifest; return one message per bad file (empty = OK)."""
+    root = Path(manifest.path)
+    problems = []
+    for name in sorted(manifest.files) if names is None else names:
+        entry = manifest.files[name]
+        path = root / name
+        try:
+            size = path.stat().st_size
+            if size != entry.size:
+                problems.append(f"{path}: size {size} != manifest {entry.size}")
+            elif sha256_file(path) != entry.sha256:
+                problems.append(f"{path}: sha256 mismatch against manifest")
+        except OSError as exc:
+            problems.append(f"{path}: unreadable ({exc.strerror or exc})")
+    return problems
+
+
+def _published(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    try:
+        entries = list(os.scandir(ckpt_dir))
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        match = _STEP_RE.match(entry.name)
+        if match and entry.is_dir(follow_symlinks=False):
+            found.append((int(match.group(1)), Path(entry.path)))
+    return sorted(found)
+
+
+def committed_steps(ckpt_dir: str | os.PathLike[str]) -> list[int]:
+    """Steps with a published dir holding a commit marker, ascending."""
+    return [step for step, path in _published(Path(ckpt_dir)) if (path / MARKER).is_file()]
+
+
+def latest_committed(ckpt_dir: str | os.PathLike[str]) -> Manifest | None:
+    """Manifest of the newest committed checkpoint with a readable marker, or None."""
+    for step in reversed(committed_steps(ckpt_dir)):
+        try:
+            return read_manifest(step_dir(ckpt_dir, step))
+        except ManifestError:
+            continue
+    return None
+
+
+def commit(tmp_path: Path, final_path: Path, manifest: Manifest, crash_point=lambda name: None) -> None:
+    """Publish ``tmp_path`` as ``final_path``: manifest, fsync, rename, marker (temp + rename), fsync dir."""
+    crash_point("before_manifest")
+    payload = json.dumps(manifest.to_json(), sort_keys=True)
+    staged_marker = tmp_path / f".{MARKER}.tmp"
+    with open(staged_marker, "w") as fh:
+        fh.write(payload)
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_path(tmp_path)
+    crash_point("after_manifest")
+    if final_path.exists():  # an uncommitted leftover of an earlier crash at the same step
+        shutil.rmtree(final_path)
+    os.rename(tmp_path, final_path)
+    fsync_path(final_path.parent)
+    crash_point("after_rename")
+    os.rename(final_path / staged_marker.name, final_path / MARKER)
+    crash_point("after_marker")
+    fsync_path(final_path)
+    fsync_path(final_path.parent)
+    crash_point("after_fsync")
+
+
+def retained(steps: list[int], keep_last: int, keep_every: int) -> set[int]:
+    """Steps retention keeps: the newest ``keep_last`` plus every multiple of ``keep_every`` (0 = none)."""
+    keep = set(sorted(steps)[-keep_last:]) if keep_last > 0 else set()
+    if keep_every > 0:
+        keep |= {s for s in steps if s % keep_every == 0}
+    return keep
+
+
+def apply_retention(ckpt_dir: str | os.PathLike[str], keep_last: int, keep_every: int,
+                    *, active_tmp: str | None = None) -> list[str]:
+    """Delete published dirs retention does not keep (marker first, then tree), uncommitted step dirs
+    older than the newest commit, and temp dirs other than ``active_tmp``. Returns the names removed."""
+    root = Path(ckpt_dir)
+    published = _published(root)
+    committed = [s for s, p in published if (p / MARKER).is_file()]
+    keep = retained(committed, keep_last, keep_every)
+    newest = max(committed, default=-1)
+    removed = []
+    for step, path in published:
+        if step in keep or (step not in committed and step >= newest):
+            continue
+        (path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    for entry in os.scandir(root) if root.is_dir() else []:
+        if _TMP_RE.match(entry.name) and entry.name != active_tmp and not entry.is_symlink():
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed

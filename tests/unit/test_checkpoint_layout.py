@@ -1,0 +1,77 @@
+"""Checkpoint layout: commit protocol, manifest verification, retention (torch-free, real temp dirs)."""
+
+import json
+
+import pytest
+
+from slurm_ft.train import layout
+
+
+def _publish(root, step, payload=b"data"):
+    tmp = root / layout.tmp_dir_name(step, "ab12")
+    tmp.mkdir(parents=True)
+    (tmp / "__0_0.distcp").write_bytes(payload)
+    manifest = layout.Manifest(step=step, world_size=2, files=layout.scan_files(tmp), rank_hosts=["a", "b"])
+    layout.commit(tmp, layout.step_dir(root, step), manifest)
+    return layout.step_dir(root, step)
+
+
+def test_commit_publishes_marker_with_manifest(tmp_path):
+    path = _publish(tmp_path, 7)
+    assert path.name == "step_00000007"
+    assert layout.committed_steps(tmp_path) == [7]
+    manifest = layout.read_manifest(path)
+    assert manifest.step == 7 and manifest.world_size == 2 and manifest.rank_hosts == ["a", "b"]
+    assert set(manifest.files) == {"__0_0.distcp"}
+    assert json.loads((path / layout.MARKER).read_text())["files"]["__0_0.distcp"]["size"] == 4
+    assert layout.verify_files(manifest) == []
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_uncommitted_and_temp_dirs_are_not_checkpoints(tmp_path):
+    _publish(tmp_path, 1)
+    (tmp_path / "step_00000002").mkdir()            # crash between rename and marker
+    (tmp_path / ".tmp-step_00000003-ff").mkdir()    # crash mid-save
+    assert layout.committed_steps(tmp_path) == [1]
+    assert layout.latest_committed(tmp_path).step == 1
+    with pytest.raises(layout.ManifestError, match="no commit marker"):
+        layout.read_manifest(tmp_path / "step_00000002")
+
+
+def test_corruption_is_named(tmp_path):
+    path = _publish(tmp_path, 5)
+    shard = path / "__0_0.distcp"
+    shard.write_bytes(b"dat!")
+    problems = layout.verify_files(layout.read_manifest(path))
+    assert len(problems) == 1 and "__0_0.distcp" in problems[0] and "sha256" in problems[0]
+    shard.write_bytes(b"longer")
+    assert "size 6 != manifest 4" in layout.verify_files(layout.read_manifest(path))[0]
+
+
+def test_malformed_marker_is_an_error(tmp_path):
+    path = _publish(tmp_path, 4)
+    (path / layout.MARKER).write_text("{not json")
+    with pytest.raises(layout.ManifestError, match="not valid JSON"):
+        layout.read_manifest(path)
+    assert layout.latest_committed(tmp_path) is None
+
+
+def test_retention_keeps_last_and_every(tmp_path):
+    for step in (10, 20, 30, 40, 50):
+        _publish(tmp_path, step)
+    (tmp_path / ".tmp-step_00000060-aa").mkdir()
+    (tmp_path / ".tmp-step_00000070-bb").mkdir()
+    removed = layout.apply_retention(tmp_path, keep_last=2, keep_every=20, active_tmp=".tmp-step_00000070-bb")
+    assert layout.committed_steps(tmp_path) == [20, 40, 50]
+    assert sorted(removed) == [".tmp-step_00000060-aa", "step_00000010", "step_00000030"]
+    assert (tmp_path / ".tmp-step_00000070-bb").is_dir()
+
+
+def test_retained_is_pure():
+    assert layout.retained([1, 2, 3, 4], keep_last=1, keep_every=0) == {4}
+    assert layout.retained([5, 10, 15], keep_last=0, keep_every=10) == {10}
+
+
+def test_tmp_token_must_be_hex():
+    with pytest.raises(ValueError, match="token"):
+        layout.tmp_dir_name(1, "../x")

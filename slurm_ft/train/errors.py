@@ -1,0 +1,36 @@
+"""Per-rank error files: ``record_errors`` writes error.rank<R>.json (slurm_ft.train.records) and re-raises."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+
+from slurm_ft.train import records
+
+
+class StepTracker:
+    """Mutable holder for the current step, so the error file can say where the rank died."""
+
+    __slots__ = ("step",)
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+
+
+@contextlib.contextmanager
+def record_errors(run_dir: str | os.PathLike[str], rank: int, *, step: StepTracker | None = None,
+                  clock: Callable[[], float] = time.time) -> Iterator[StepTracker]:
+    """Context manager (and decorator via ``contextlib``): an exception escaping it leaves an error file."""
+    tracker = step or StepTracker()
+    try:
+        yield tracker
+    except (Exception, KeyboardInterrupt) as exc:  # SystemExit(0) is a clean exit, not an error
+        records.write_error(run_dir, records.ErrorRecord(
+            rank=rank, time=clock(), exc_type=type(exc).__name__, message=str(exc)[:4000],
+            traceback="".join(traceback.format_exception(exc))[-16000:], host=socket.gethostname(),
+            step=tracker.step, pid=os.getpid()))
+        raise

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -184,6 +185,9 @@ class LabCluster:
             say(f"no lab running in {self.dir}")
             return
         self._stop_daemons(say)
+        runtime = self._munge_socket_dir()
+        if runtime != self.dir / "munge":
+            shutil.rmtree(runtime, ignore_errors=True)
         say("lab down")
 
     def stop_node(self, name: str) -> None:
@@ -228,7 +232,15 @@ class LabCluster:
             node_ports=tuple(base + 1 + i for i in range(count)), cpus_per_node=self.config.cpus_per_node,
             memory_mb=self.config.memory_mb, slurm_user=self.config.slurm_user,
             slurmd_timeout=self.config.slurmd_timeout, min_job_age=self.config.min_job_age,
+            munge_socket_dir=self._munge_socket_dir(),
         )
+
+    def _munge_socket_dir(self) -> Path:
+        """``<dir>/munge`` when every user can reach it (munged insists), else a runtime dir of this lab's own."""
+        if all_traversable(self.dir):
+            return self.dir / "munge"
+        base = Path("/run") if os.access("/run", os.W_OK) else Path("/tmp")
+        return base / "slurm-ft" / self.cluster_name
 
     def _ports_taken(self, layout: LabLayout) -> bool:
         return not all(ports.port_is_free(p) for p in (layout.ctld_port, *layout.node_ports))
@@ -379,6 +391,10 @@ class LabCluster:
             path.chmod(0o755)  # munged wants its socket dir reachable by every user; jobs run as any user
 
     def _ensure_munge_key(self, layout: LabLayout) -> None:
+        socket_dir = layout.munge_socket.parent
+        if socket_dir != layout.munge_dir:  # the runtime dir /run/slurm-ft/<cluster>
+            _own_dir(socket_dir.parent)
+        _own_dir(socket_dir)
         if layout.munge_key.exists():
             return
         result = run_command(["mungekey", "--create", "--bits=1024", f"--keyfile={layout.munge_key}"], timeout=30)
@@ -465,6 +481,26 @@ def munged_argv(layout: LabLayout) -> list[str]:
     return [_program("munged"), "-F", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
             f"--pid-file={m / 'munged.pid'}", f"--log-file={layout.log_dir / 'munged.log'}",
             f"--seed-file={m / 'munged.seed'}"]
+
+
+def _own_dir(path: Path) -> None:
+    """Create ``path`` (mode 0755); refuse one that is a symlink or belongs to someone else."""
+    path.mkdir(mode=0o755, exist_ok=True)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise LabError(f"{path} is not a directory of our own (symlink or owned by uid {info.st_uid}); remove it")
+    path.chmod(0o755)
+
+
+def all_traversable(path: Path) -> bool:
+    """True when every existing ancestor of ``path`` (and ``path``) is searchable by all users."""
+    for part in (path, *path.parents):
+        try:
+            if not part.stat().st_mode & 0o001:
+                return False
+        except FileNotFoundError:
+            continue
+    return True
 
 
 def node_ready(node: NodeInfo) -> bool:

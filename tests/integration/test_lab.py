@@ -12,7 +12,7 @@ import pytest
 from labutil import lab_env, output_of, submit, wait_job
 
 from slurm_ft.lab import procs
-from slurm_ft.lab.cluster import LabCluster
+from slurm_ft.lab.cluster import LabCluster, LabConfig
 from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab
@@ -80,6 +80,13 @@ def test_second_lab_runs_beside_and_down_leaves_nothing(lab):
         job_id = submit(other, "echo hello from the second lab\n", "-N1", "-J", "second-lab-job")
         assert wait_job(other, job_id, [JobState.COMPLETED, JobState.FAILED], timeout=60).state is JobState.COMPLETED
         assert "second-lab-job" not in {j.name for j in lab.client().jobs()}  # separate clusters
+        changed = LabCluster(LabConfig(dir=other_dir, nodes=1, hooks=False, extra_conf=("MaxJobCount=4321",)))
+        messages: list[str] = []
+        changed.up(progress=messages.append)
+        assert any("reconfigure" in m for m in messages), messages
+        config = subprocess.run(["scontrol", "show", "config"], env=lab_env(other), capture_output=True, text=True,
+                                timeout=30, check=True).stdout
+        assert any(line.split() == ["MaxJobCount", "=", "4321"] for line in config.splitlines())
         started = _daemons(other)
         down = _slurm_ft("lab", "down", "--dir", str(other_dir))
         assert down.returncode == 0, down.stderr

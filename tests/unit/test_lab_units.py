@@ -69,6 +69,15 @@ def test_rendered_conf_has_what_fault_tests_rely_on(tmp_path):
     assert "PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP" in lines
 
 
+def test_extra_lines_replace_generated_parameters(tmp_path):
+    conf = render_slurm_conf(_layout(tmp_path), ["schedulerparameters=bf_interval=5,nohold_on_prolog_fail",
+                                                 "NodeName=extra CPUs=1"])
+    lines = conf.splitlines()
+    assert [line for line in lines if line.lower().startswith("schedulerparameters")] == [
+        "schedulerparameters=bf_interval=5,nohold_on_prolog_fail"]
+    assert sum(line.startswith("NodeName=") for line in lines) == 4  # node lines are never replaced
+
+
 def test_rendering_is_deterministic(tmp_path):
     assert render_slurm_conf(_layout(tmp_path)) == render_slurm_conf(_layout(tmp_path))
 

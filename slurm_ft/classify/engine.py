@@ -54,9 +54,12 @@ _ROOT_CAUSE = Rule(id="torchrun:root_cause", category=Category.UNKNOWN, priority
 _NOTHING = Rule(id="none", category=Category.UNKNOWN, priority=0, confidence=0.1)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Finding:
-    """One fact and what it means. ``order`` keeps input order for stable tie-breaks."""
+    """One fact and what it means. ``order`` keeps input order for stable tie-breaks.
+
+    Internal to one ``classify`` call (hence mutable: node and time are filled in once all inputs are read).
+    """
 
     rule: Rule
     evidence: str
@@ -107,34 +110,61 @@ class _Context:
         return rank
 
 
-def classify(evidence: Evidence, rules: Rules | None = None) -> Verdict:
-    """The verdict for ``evidence`` under ``rules`` (default: the shipped rules). Pure and deterministic."""
+def classify(evidence: Evidence, rules: Rules | None = None, *, reference_scan: bool = False) -> Verdict:
+    """The verdict for ``evidence`` under ``rules`` (default: the shipped rules). Pure and deterministic.
+
+    ``reference_scan`` runs every regex on every line instead of the anchored scan: same verdict, much
+    slower; tests and the benchmark use it as the reference.
+    """
     rules = rules if rules is not None else default_rules()
     job = evidence.job
     if job is not None:
         state_rule = rules.job_states.get(job.state)
         if state_rule is not None and state_rule.final:
             return _final_verdict(job, state_rule, rules)
+    findings, ctx = _gather(evidence, rules, reference_scan)
+    return _reduce(findings, ctx, rules, evidence)
+
+
+def explain(evidence: Evidence, rules: Rules | None = None) -> list[Finding]:
+    """Every finding ``classify`` weighs (node and time resolved), strongest first: for ``--explain`` and tests."""
+    rules = rules if rules is not None else default_rules()
+    findings, ctx = _gather(evidence, rules, False)
+    return sorted((_resolved(f, ctx) for f in findings), key=_strength, reverse=True)
+
+
+def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding], _Context]:
+    scan = _scan_naive if naive else _scan_fast
+    job = evidence.job
     ctx = _Context(evidence)
     findings: list[Finding] = []
     xids: list[XidEvent] = list(evidence.kmsg)
     if job is not None:
-        findings += _job_findings(job, rules)
-    findings += _node_event_findings(evidence.nodes, ctx, rules)
+        findings += _job_findings(job, rules, scan)
+    findings += _node_event_findings(evidence.nodes, ctx, rules, scan)
     for snapshot in evidence.nvml:
         if ctx.on_job(snapshot.node):
             findings += _nvml_findings(snapshot, rules)
             xids += snapshot.xids
     for record in evidence.errors:
-        findings += _error_findings(record, rules)
+        findings += _error_findings(record, rules, scan)
     for tail in evidence.logs:
-        findings += _log_findings(tail, ctx, rules, xids)
+        findings += _log_findings(tail, ctx, rules, xids, scan)
     findings += _xid_findings(xids, ctx, rules)
-    findings = [dataclasses.replace(f, order=i) for i, f in enumerate(findings)]
-    return _reduce(findings, ctx, rules, evidence)
+    for i, f in enumerate(findings):
+        f.order = i
+    return findings, ctx
 
 
 # ---- gathering findings --------------------------------------------------------------------------------------
+
+def _scan_fast(rules: Rules, source: str, text: str) -> list[LineHit]:
+    return rules.scanners[source].scan(text)
+
+
+def _scan_naive(rules: Rules, source: str, text: str) -> list[LineHit]:
+    return rules.scanners[source].scan_naive(text)
+
 
 def _final_verdict(job: JobEnd, rule: Rule, rules: Rules) -> Verdict:
     policy = rules.policy(rule.category)
@@ -144,14 +174,14 @@ def _final_verdict(job: JobEnd, rule: Rule, rules: Rules) -> Verdict:
     return Verdict(category=rule.category, recoverable=recoverable, action=action, evidence=(text,), confidence=1.0)
 
 
-def _job_findings(job: JobEnd, rules: Rules) -> list[Finding]:
+def _job_findings(job: JobEnd, rules: Rules, scan) -> list[Finding]:
     found = []
     rule = rules.job_states.get(job.state)
     if rule is not None:
         note = f" ({rule.note})" if rule.note else ""
         found.append(Finding(rule, f"job: state {job.state}{note}", "job"))
     if job.reason:
-        for hit in rules.scanners["job_reason"].scan(job.reason[:512]):
+        for hit in scan(rules, "job_reason", job.reason[:512]):
             for sig, _ in hit.signatures:
                 found.append(Finding(sig.rule, f"job: reason {job.reason[:100]!r}", "job"))
     signal = job.signal
@@ -168,7 +198,7 @@ def _job_findings(job: JobEnd, rules: Rules) -> list[Finding]:
     return found
 
 
-def _node_event_findings(events: Iterable[NodeEvent], ctx: _Context, rules: Rules) -> list[Finding]:
+def _node_event_findings(events: Iterable[NodeEvent], ctx: _Context, rules: Rules, scan) -> list[Finding]:
     found = []
     for event in events:
         if not ctx.on_job(event.name):
@@ -180,7 +210,7 @@ def _node_event_findings(events: Iterable[NodeEvent], ctx: _Context, rules: Rule
             if rule is not None:
                 found.append(Finding(rule, text, "node", node=event.name))
         if event.reason:
-            for hit in rules.scanners["node_reason"].scan(event.reason[:512]):
+            for hit in scan(rules, "node_reason", event.reason[:512]):
                 for sig, _ in hit.signatures:
                     found.append(Finding(sig.rule, text, "node", node=event.name))
     return found
@@ -255,13 +285,13 @@ def _xid_findings(events: Iterable[XidEvent], ctx: _Context, rules: Rules) -> li
     return found
 
 
-def _error_findings(record: ErrorRecord, rules: Rules) -> list[Finding]:
+def _error_findings(record: ErrorRecord, rules: Rules, scan) -> list[Finding]:
     limit = rules.limits.max_error_chars
     text = f"{record.exc_type}: {record.message}"[:limit]
     if record.traceback:
         text += "\n" + record.traceback[-limit:]
     label = f"rank {record.rank}" + (f" ({record.host})" if record.host else "") + " error file"
-    hits = rules.scanners["error"].scan(text)
+    hits = scan(rules, "error", text)
     found = list(_hit_findings(hits, rules, label, "error", rank=record.rank, node=record.host, time=record.time,
                                limit=rules.limits.max_findings_per_text))
     if not any(not f.rule.generic for f in found):
@@ -275,9 +305,9 @@ def _error_findings(record: ErrorRecord, rules: Rules) -> list[Finding]:
     return found
 
 
-def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEvent]) -> list[Finding]:
+def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEvent], scan) -> list[Finding]:
     text = tail.text[-rules.limits.max_tail_chars:]
-    hits = rules.scanners[tail.kind].scan(text)
+    hits = scan(rules, tail.kind, text)
     node = tail.node_name
     if tail.kind == "kmsg":
         xids += [XidEvent(node=node, xid=h.xid[1], pci_bus=h.xid[0], text=h.line.strip(), source="kmsg")
@@ -414,13 +444,12 @@ def _reduce(findings: list[Finding], ctx: _Context, rules: Rules, evidence: Evid
 
 
 def _resolved(finding: Finding, ctx: _Context) -> Finding:
-    node, time = finding.node, finding.time
+    """Fill in a rank's node and death time from the other inputs."""
     if finding.rank is not None:
-        node = node or ctx.rank_node.get(finding.rank, "")
-        time = time if time is not None else ctx.rank_time.get(finding.rank)
-    if node == finding.node and time == finding.time:
-        return finding
-    return dataclasses.replace(finding, node=node, time=time)
+        finding.node = finding.node or ctx.rank_node.get(finding.rank, "")
+        if finding.time is None:
+            finding.time = ctx.rank_time.get(finding.rank)
+    return finding
 
 
 def _strength(f: Finding) -> tuple[int, float, bool, int]:

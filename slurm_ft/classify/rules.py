@@ -375,7 +375,7 @@ def _xid(src: str, xid: int, data: Mapping[str, Any]) -> XidInfo:
     _check_keys(src, where, data, {"name": str, "kind": str, "drain_pattern": str}, ("kind",))
     pattern = data.get("drain_pattern")
     return XidInfo(xid=xid, name=data.get("name", f"Xid {xid}"), kind=_enum(src, where, "kind", data["kind"], XidKind),
-                   drain_pattern=_compile(src, f"{where}] drain_pattern", pattern, 0) if pattern else None)
+                   drain_pattern=_compile(src, f"{where}] drain_pattern", pattern, re.ASCII) if pattern else None)
 
 
 def _compile(src: str, where: str, pattern: str, flags: int) -> re.Pattern[str]:
@@ -396,8 +396,11 @@ def _signature(src: str, data: Mapping[str, Any]) -> Signature:
     unknown = [s for s in sources if s not in SOURCES]
     if unknown or not sources:
         raise ConfigError(f"{src}: [{where}] sources: must be a non-empty list of {', '.join(SOURCES)}, got {sources!r}")
-    flags = re.IGNORECASE if data.get("ignore_case", False) else 0
+    # ASCII semantics: case-insensitive matching then agrees with the scanner's ASCII keyword check.
+    flags = re.ASCII | (re.IGNORECASE if data.get("ignore_case", False) else 0)
     regex = _compile(src, f"{where}] pattern", data["pattern"], flags)
+    if regex.search("") is not None:
+        raise ConfigError(f"{src}: [{where}] pattern: matches the empty string (it would match every line)")
     for group in regex.groupindex:
         if group not in ("node", "rank"):
             raise ConfigError(f"{src}: [{where}] pattern: named group {group!r} (only 'node' and 'rank' are known)")

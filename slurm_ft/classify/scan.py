@@ -71,19 +71,26 @@ class Scanner:
         self.max_line_chars = max_line_chars
         entries: list[tuple[str, Any]] = [(kw, sig) for sig in self.signatures for kw in sig.keywords]
         if self.exceptions:
-            names = {n.lower() for n in exception_names if n != "*"} | {"error", "exception"}
-            entries += [(name, _EXC) for name in sorted(names)]
+            # Exception lines are looked for on any line with "rror"/"xception"; a table name containing
+            # neither (an admin's "StopIteration") is a keyword of its own.
+            names = {n.lower() for n in exception_names if n != "*"} | {"rror", "xception"}
+            entries += [(name, _EXC) for name in sorted(names) if name in ("rror", "xception")
+                        or ("rror" not in name and "xception" not in name)]
         if xids:
             entries.append((XID_KEYWORD, _XID))
-        groups: dict[str, list[tuple[str, Any]]] = {}
+        groups: dict[str, dict[str, list[Any]]] = {}
         for keyword, target in entries:
-            groups.setdefault(_anchor_for(keyword), []).append((keyword, target))
-        self.anchors = tuple((anchor, tuple(group)) for anchor, group in groups.items())
+            targets = groups.setdefault(_anchor_for(keyword), {}).setdefault(keyword, [])
+            if target not in targets:
+                targets.append(target)
+        # anchor -> ((keyword, (targets...)), ...): each keyword is checked once per candidate line
+        self.anchors = tuple((anchor, tuple((kw, tuple(ts)) for kw, ts in group.items()))
+                             for anchor, group in groups.items())
 
     def scan(self, text: str) -> list[LineHit]:
         """The hits in ``text``, in line order (the fast path)."""
         low = lower_same_length(text)
-        candidates: dict[int, tuple[int, list[tuple[tuple[str, Any], ...]]]] = {}
+        candidates: dict[int, tuple[int, list[Any]]] = {}
         for anchor, group in self.anchors:
             i = low.find(anchor)
             while i != -1:
@@ -107,21 +114,22 @@ class Scanner:
         return hits
 
     def _match_line(self, start: int, line: str, low_line: str,
-                    groups: list[tuple[tuple[str, Any], ...]]) -> LineHit | None:
+                    groups: list[tuple[tuple[str, tuple[Any, ...]], ...]]) -> LineHit | None:
         sigs: dict[int, tuple[Any, re.Match[str]]] = {}
         want_exc = want_xid = False
         for group in groups:
-            for keyword, target in group:
+            for keyword, targets in group:
                 if keyword not in low_line:
                     continue
-                if target is _EXC:
-                    want_exc = True
-                elif target is _XID:
-                    want_xid = True
-                elif id(target) not in sigs and all(r in low_line for r in target.require):
-                    m = target.regex.search(line)
-                    if m is not None:
-                        sigs[id(target)] = (target, m)
+                for target in targets:
+                    if target is _EXC:
+                        want_exc = True
+                    elif target is _XID:
+                        want_xid = True
+                    elif id(target) not in sigs and all(r in low_line for r in target.require):
+                        m = target.regex.search(line)
+                        if m is not None:
+                            sigs[id(target)] = (target, m)
         exc = EXCEPTION_LINE_RE.match(line) if want_exc else None
         xid = parse_xid_line(line) if want_xid else None
         if not sigs and exc is None and xid is None:

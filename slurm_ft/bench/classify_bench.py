@@ -1,0 +1,146 @@
+"""Classifier corpus cases and the throughput benchmark (verdicts per second on one core).
+
+A corpus case is one TOML file: the inputs of one failure plus the verdict expected of it
+(format in ``tests/data/corpus/README.md``). ``run()`` times ``classify`` over a mixed corpus and, side by
+side in the same run, the reference scan (every regex on every line), so the printed ratio is robust to a
+noisy machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_ft.classify.engine import classify
+from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
+from slurm_ft.classify.rules import Rules, default_rules
+from slurm_ft.health.records import XidEvent, snapshot_from_dict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_TOP = {"description", "in_allocation", "job", "log", "error", "xid", "node_event", "nvml", "expect"}
+_JOB = {"state", "reason", "exit_code", "signal", "nodes"}
+_LOG = {"rank", "node", "on", "kind", "text"}
+_NODE_EVENT = {"name", "state", "reason"}
+_EXPECT = {"category", "action", "recoverable", "nodes", "ranks", "evidence_contains", "min_confidence",
+           "max_confidence"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    name: str
+    description: str
+    evidence: Evidence
+    expect: dict[str, Any]
+
+
+def load_case(path: Path) -> Case:
+    """One corpus file; an unknown key or a bad record raises ``ValueError`` naming the file."""
+    data = tomllib.loads(path.read_text())
+    try:
+        return _case(path.stem, data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def load_corpus(directory: Path) -> list[Case]:
+    return [load_case(p) for p in sorted(Path(directory).glob("*.toml"))]
+
+
+def _case(name: str, data: dict[str, Any]) -> Case:
+    _known(data, _TOP, "top level")
+    job = None
+    if "job" in data:
+        _known(data["job"], _JOB, "[job]")
+        job = JobEnd(**{**data["job"], "nodes": tuple(data["job"].get("nodes", ()))})
+    logs = []
+    for entry in data.get("log", []):
+        _known(entry, _LOG, "[[log]]")
+        source = entry["rank"] if "rank" in entry else entry.get("node", "")
+        logs.append(LogTail(source=source, text=entry["text"], node=entry.get("on", ""), kind=entry.get("kind", "log")))
+    errors = []
+    for entry in data.get("error", []):
+        record = error_record_from_dict(entry)
+        if record is None:
+            raise ValueError(f"[[error]] is not an error record: {entry}")
+        errors.append(record)
+    nodes = []
+    for entry in data.get("node_event", []):
+        _known(entry, _NODE_EVENT, "[[node_event]]")
+        nodes.append(NodeEvent(name=entry["name"], state=frozenset(entry.get("state", ())), reason=entry.get("reason", "")))
+    expect = data["expect"]
+    _known(expect, _EXPECT, "[expect]")
+    evidence = Evidence(job=job, nodes=tuple(nodes), nvml=tuple(snapshot_from_dict(s) for s in data.get("nvml", [])),
+                        kmsg=tuple(XidEvent(**x) for x in data.get("xid", [])), errors=tuple(errors),
+                        logs=tuple(logs), in_allocation=bool(data.get("in_allocation", False)))
+    return Case(name=name, description=str(data.get("description", "")), evidence=evidence, expect=expect)
+
+
+def _known(table: dict[str, Any], keys: set[str], where: str) -> None:
+    unknown = sorted(set(table) - keys)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}")
+
+
+def mismatches(case: Case, verdict_dict: dict[str, Any]) -> list[str]:
+    """What in ``verdict_dict`` differs from the case's expectation (empty when it matches)."""
+    want, got, problems = case.expect, verdict_dict, []
+    for key in ("category", "action", "recoverable"):
+        if key in want and want[key] != got[key]:
+            problems.append(f"{key}: want {want[key]!r}, got {got[key]!r}")
+    for key in ("nodes", "ranks"):
+        if key in want and list(want[key]) != got["culprit"][key]:
+            problems.append(f"culprit {key}: want {want[key]!r}, got {got['culprit'][key]!r}")
+    for needle in want.get("evidence_contains", []):
+        if not any(needle in line for line in got["evidence"]):
+            problems.append(f"evidence lacks {needle!r}: {got['evidence']!r}")
+    if got["confidence"] < want.get("min_confidence", 0.0):
+        problems.append(f"confidence {got['confidence']} < {want['min_confidence']}")
+    if got["confidence"] > want.get("max_confidence", 1.0):
+        problems.append(f"confidence {got['confidence']} > {want['max_confidence']}")
+    return problems
+
+
+# ---- benchmark -------------------------------------------------------------------------------------------------
+
+def _rate(fn: Callable[[Evidence], object], evidences: Sequence[Evidence], seconds: float) -> tuple[float, int]:
+    """Verdicts per second of ``fn`` cycling through ``evidences`` for about ``seconds``."""
+    count, start = 0, time.perf_counter()
+    deadline = start + seconds
+    while True:
+        for ev in evidences:
+            fn(ev)
+        count += len(evidences)
+        now = time.perf_counter()
+        if now >= deadline:
+            return count / (now - start), count
+
+
+def run(corpus_dir: Path, *, seconds: float = 2.0, rules: Rules | None = None) -> dict[str, Any]:
+    """Time the classifier on the corpus: fast path, reference scan, and the ratio between them."""
+    rules = rules or default_rules()
+    cases = load_corpus(corpus_dir)
+    if not cases:
+        raise ValueError(f"{corpus_dir}: no corpus cases (*.toml)")
+    evidences = [c.evidence for c in cases]
+    chars = sum(len(t.text) for ev in evidences for t in ev.logs) + sum(
+        len(r.message) + len(r.traceback) for ev in evidences for r in ev.errors)
+    fast, n_fast = _rate(lambda ev: classify(ev, rules), evidences, seconds)
+    slow, n_slow = _rate(lambda ev: classify(ev, rules, reference_scan=True), evidences, max(seconds / 4, 0.2))
+    wrong = [c.name for c in cases if mismatches(c, classify(c.evidence, rules).to_dict())]
+    return {
+        "cases": len(cases),
+        "mean_text_chars": round(chars / len(cases)),
+        "verdicts_per_s": round(fast),
+        "reference_verdicts_per_s": round(slow),
+        "speedup": round(fast / slow, 1) if slow else None,
+        "verdicts_timed": n_fast + n_slow,
+        "mismatching_cases": wrong,
+    }

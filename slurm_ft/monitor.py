@@ -1,0 +1,543 @@
+"""The job monitor: one batched poll of Slurm, then classify and act on every --ft job that ended.
+
+A job is ours when ``<state_dir>/jobs/<job_id>.json`` exists (written by ``slurm-ft launch`` or the prolog:
+``{ckpt_dir, run_dir, max_restarts, user_id}``) or its Comment starts with ``slurm-ft:``.
+
+For a job that newly ended: gather node reports (``<state_dir>/reports/<job_id>/*.json``), the ranks' error
+files and the node states of the same poll; classify; then either requeue it (held, ExcNodeList += culprits,
+Comment ``slurm-ft: restart=K resume_step=S cause=C``, released) or leave it ended with
+``slurm-ft: stopped cause=C ...`` in the Comment. Every action is written to SQLite as ``intent`` before it
+is taken and ``done`` after, keyed by (job_id, restart_count, action): a monitor killed in between
+reconciles on its next poll and never requeues twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import logging
+import os
+import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from slurm_ft import config as ft_config
+from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
+from slurm_ft.classify.taxonomy import Action, Verdict
+from slurm_ft.config import require
+from slurm_ft.errors import SlurmCommandError, SlurmFtError
+from slurm_ft.metrics import Metrics
+from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo, SlurmClient
+
+log = logging.getLogger("slurm_ft.monitor")
+
+COMMENT_TAG = "slurm-ft:"
+DB_NAME = "monitor.db"
+MAX_JSON_BYTES = 1 << 20
+MAX_COMMENT = 400
+
+
+class JobStatus(str, enum.Enum):
+    """What the monitor knows about one job."""
+
+    WATCHING = "watching"  # running or pending; nothing to do yet
+    REQUEUED = "requeued"  # requeued by us; waiting for it to run again
+    STOPPED = "stopped"  # ended for good, with the reason in its Comment
+    DONE = "done"  # completed successfully
+
+
+class ActionState(str, enum.Enum):
+    INTENT = "intent"  # written before the Slurm call
+    DONE = "done"  # written after it succeeded
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class MonitorConfig:
+    """``poll_interval_s`` (--poll), ``state_dir`` (--state-dir), ``default_max_restarts`` (jobs without their
+    own budget), ``metrics_port`` (--metrics-port, 0 = off, binds 127.0.0.1), ``dry_run`` (--dry-run: decide
+    and log, change nothing)."""
+
+    poll_interval_s: float = 30.0
+    state_dir: Path = Path("/var/lib/slurm-ft")
+    default_max_restarts: int = 3
+    metrics_port: int = 0
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.poll_interval_s, (int, float)) and 0 < self.poll_interval_s <= 3600,
+                "poll_interval_s", f"must be within (0, 3600] seconds (--poll), got {self.poll_interval_s!r}")
+        require(str(self.state_dir) != "", "state_dir", "must not be empty (--state-dir)")
+        object.__setattr__(self, "state_dir", Path(self.state_dir))
+        require(isinstance(self.default_max_restarts, int) and 0 <= self.default_max_restarts <= 1000,
+                "default_max_restarts", f"must be an integer within [0, 1000], got {self.default_max_restarts!r}")
+        require(isinstance(self.metrics_port, int) and 0 <= self.metrics_port <= 65535,
+                "metrics_port", f"must be within [0, 65535] (--metrics-port), got {self.metrics_port!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FtJob:
+    """A job registered as --ft: where its checkpoints and run files are, and its restart budget."""
+
+    job_id: int
+    ckpt_dir: str = ""
+    run_dir: str = ""
+    max_restarts: int | None = None
+    user_id: int | None = None
+
+
+# --- the job registry -----------------------------------------------------------------------------------------
+def registry_path(state_dir: Path, job_id: int) -> Path:
+    return Path(state_dir) / "jobs" / f"{int(job_id)}.json"
+
+
+def write_registration(state_dir: Path, job: FtJob) -> Path:
+    """Register ``job`` (the launcher / prolog side): an atomic write of the registry file."""
+    path = registry_path(state_dir, job.job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(job)))
+    os.replace(tmp, path)
+    return path
+
+
+def read_trusted_json(path: Path, allowed_uids: Iterable[int]) -> Any:
+    """JSON from a regular, non-symlink file owned by one of ``allowed_uids``; ``None`` when absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: not a regular file")
+        if st.st_uid not in set(allowed_uids):
+            raise ValueError(f"{path}: owned by uid {st.st_uid}, not trusted")
+        if st.st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{path}: {st.st_size} bytes, over the limit")
+        return json.loads(os.read(fd, MAX_JSON_BYTES + 1).decode("utf-8", "replace"))
+    finally:
+        os.close(fd)
+
+
+def read_registration(state_dir: Path, job: JobInfo) -> FtJob | None:
+    """The registry entry for ``job``, a bare entry when only its Comment marks it ours, else None."""
+    trusted = {0, os.geteuid()} | ({job.user_id} if job.user_id is not None else set())
+    data = read_trusted_json(registry_path(state_dir, job.job_id), trusted)
+    if data is None:
+        return FtJob(job_id=job.job_id, user_id=job.user_id) if job.comment.startswith(COMMENT_TAG) else None
+    if not isinstance(data, dict):
+        raise ValueError(f"registry entry of job {job.job_id} is not a JSON object")
+    user_id = data.get("user_id")
+    if job.user_id is not None and user_id is not None and int(user_id) != job.user_id:
+        raise ValueError(f"registry entry of job {job.job_id} names uid {user_id}, the job runs as {job.user_id}")
+    budget = data.get("max_restarts")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
+        raise ValueError(f"registry entry of job {job.job_id}: max_restarts must be an integer >= 0, got {budget!r}")
+    return FtJob(job_id=job.job_id, ckpt_dir=str(data.get("ckpt_dir") or ""), run_dir=str(data.get("run_dir") or ""),
+                 max_restarts=budget, user_id=job.user_id if job.user_id is not None else user_id)
+
+
+# --- the SQLite state ------------------------------------------------------------------------------------------
+class MonitorDb:
+    """Jobs seen and actions taken, in ``<state_dir>/monitor.db`` (WAL)."""
+
+    def __init__(self, path: Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(path), timeout=15.0, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.executescript("""
+            CREATE TABLE IF NOT EXISTS jobs (
+                job_id INTEGER PRIMARY KEY, restart_count INTEGER NOT NULL, last_resume_step INTEGER,
+                status TEXT NOT NULL, requeued_at REAL, updated REAL NOT NULL);
+            CREATE TABLE IF NOT EXISTS actions (
+                job_id INTEGER NOT NULL, restart_count INTEGER NOT NULL, action TEXT NOT NULL,
+                state TEXT NOT NULL, detail TEXT NOT NULL, time REAL NOT NULL,
+                PRIMARY KEY (job_id, restart_count, action));
+        """)
+
+    def job(self, job_id: int) -> sqlite3.Row | None:
+        return self.conn.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+
+    def set_job(self, job_id: int, *, restart_count: int, status: JobStatus, now: float,
+                last_resume_step: int | None = None, requeued_at: float | None = None) -> None:
+        self.conn.execute(
+            "INSERT INTO jobs (job_id, restart_count, last_resume_step, status, requeued_at, updated)"
+            " VALUES (?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET restart_count=excluded.restart_count,"
+            " last_resume_step=COALESCE(excluded.last_resume_step, last_resume_step), status=excluded.status,"
+            " requeued_at=COALESCE(excluded.requeued_at, requeued_at), updated=excluded.updated",
+            (job_id, restart_count, last_resume_step, status.value, requeued_at, now))
+
+    def action(self, job_id: int, restart_count: int, action: str) -> sqlite3.Row | None:
+        return self.conn.execute("SELECT * FROM actions WHERE job_id=? AND restart_count=? AND action=?",
+                                 (job_id, restart_count, action)).fetchone()
+
+    def pending(self, job_id: int) -> list[sqlite3.Row]:
+        return self.conn.execute("SELECT * FROM actions WHERE job_id=? AND state=? ORDER BY restart_count",
+                                 (job_id, ActionState.INTENT.value)).fetchall()
+
+    def intent(self, job_id: int, restart_count: int, action: str, detail: dict[str, Any], now: float) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO actions VALUES (?,?,?,?,?,?)",
+                          (job_id, restart_count, action, ActionState.INTENT.value, json.dumps(detail), now))
+
+    def done(self, job_id: int, restart_count: int, action: str, now: float) -> None:
+        self.conn.execute("UPDATE actions SET state=?, time=? WHERE job_id=? AND restart_count=? AND action=?",
+                          (ActionState.DONE.value, now, job_id, restart_count, action))
+
+    def forget(self, job_id: int, restart_count: int, action: str) -> None:
+        self.conn.execute("DELETE FROM actions WHERE job_id=? AND restart_count=? AND action=?",
+                          (job_id, restart_count, action))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --- evidence -------------------------------------------------------------------------------------------------
+def latest_step(ckpt_dir: str) -> int | None:
+    """The newest committed checkpoint step in ``ckpt_dir``, or None (no dir, no checkpoint, no layout module)."""
+    if not ckpt_dir:
+        return None
+    try:
+        from slurm_ft.train.layout import latest_committed
+    except ImportError:
+        return None
+    try:
+        manifest = latest_committed(ckpt_dir)
+    except (OSError, ValueError):
+        return None
+    return None if manifest is None else int(manifest.step)
+
+
+def load_reports(state_dir: Path, job_id: int) -> tuple[list[Any], list[str]]:
+    """The epilog's node reports for ``job_id`` (files owned by root or us), plus notes on what was skipped."""
+    from slurm_ft.health.records import NodeReport
+
+    folder = Path(state_dir) / "reports" / str(int(job_id))
+    reports, notes = [], []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+    except FileNotFoundError:
+        return [], [f"no node reports in {folder}"]
+    for name in names:
+        try:
+            data = read_trusted_json(folder / name, {0, os.geteuid()})
+            if data is not None:
+                reports.append(NodeReport.from_dict(data))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            notes.append(f"{folder / name}: skipped: {exc}")
+    return reports, notes
+
+
+def load_errors(run_dir: str, uid: int | None) -> tuple[list[Any], list[str]]:
+    """The ranks' error files in ``run_dir``, read as the job's uid would own them (no symlinks followed)."""
+    if not run_dir:
+        return [], []
+    if uid is None:
+        return [], [f"{run_dir}: job uid unknown, error files not read"]
+    from slurm_ft.health.jobfiles import read_error_files
+
+    dicts, notes = read_error_files(run_dir, uid)
+    return [r for r in (error_record_from_dict(d) for d in dicts) if r is not None], notes
+
+
+def gather_evidence(state_dir: Path, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo]) -> Evidence:
+    reports, _ = load_reports(state_dir, job.job_id)
+    errors, _ = load_errors(ft.run_dir, ft.user_id)
+    events = [NodeEvent.from_node_info(nodes[n]) for n in job.nodes if n in nodes]
+    evidence = Evidence.from_node_reports(JobEnd.from_job_info(job), reports, node_events=events)
+    if errors:
+        merged = {(e.rank, e.time, e.exc_type, e.pid): e for e in (*evidence.errors, *errors)}
+        evidence = dataclasses.replace(evidence, errors=tuple(sorted(merged.values(), key=lambda e: (e.time, e.rank))))
+    return evidence
+
+
+# --- decisions ------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """What to do about one ended job: requeue (with excluded nodes) or stop (with a reason)."""
+
+    requeue: bool
+    category: str
+    reason: str
+    culprits: tuple[str, ...] = ()
+    resume_step: int | None = None
+
+
+def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None, budget: int,
+           previous_resume_step: int | None, restarted_before: bool) -> Decision:
+    """Pure: the verdict, the restart budget and checkpoint progress -> requeue or stop."""
+    category = verdict.category.value
+    culprits = tuple(verdict.culprit.nodes)
+    if not verdict.recoverable or verdict.action in (Action.STOP, Action.NONE):
+        return Decision(requeue=False, category=category, reason="not recoverable", resume_step=resume_step)
+    if job.restart_count >= budget:
+        return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({budget})",
+                        resume_step=resume_step)
+    if restarted_before and resume_step == previous_resume_step:
+        return Decision(requeue=False, category=category,
+                        reason=f"crash loop: no checkpoint progress since the last restart (step {resume_step})",
+                        resume_step=resume_step)
+    return Decision(requeue=True, category=category, reason="recoverable", culprits=culprits,
+                    resume_step=resume_step)
+
+
+def requeue_comment(restart: int, resume_step: int | None, category: str) -> str:
+    step = "none" if resume_step is None else str(resume_step)
+    return f"{COMMENT_TAG} restart={restart} resume_step={step} cause={category}"
+
+
+def stop_comment(category: str, reason: str, evidence: Iterable[str]) -> str:
+    text = f"{COMMENT_TAG} stopped cause={category} {reason}"
+    for item in evidence:
+        text += f"; {item}"
+    text = " ".join(text.replace(",", ";").split())  # one line; scontrol's Comment= must not hold commas
+    return text if len(text) <= MAX_COMMENT else text[: MAX_COMMENT - 3] + "..."
+
+
+def parse_resume_step(comment: str) -> int | None:
+    """The ``resume_step=S`` hint from a slurm-ft Comment, or None."""
+    if not comment.startswith(COMMENT_TAG):
+        return None
+    for word in comment.split():
+        key, _, value = word.partition("=")
+        if key == "resume_step" and value.isdigit():
+            return int(value)
+    return None
+
+
+# --- the monitor ----------------------------------------------------------------------------------------------
+class Monitor:
+    """Polls Slurm, classifies ended --ft jobs and requeues or stops them. Survives one bad job."""
+
+    def __init__(self, config: MonitorConfig, client: SlurmClient, classify_fn: Callable[[Evidence], Verdict],
+                 quarantine: Any = None, clock: Callable[[], float] = time.time,
+                 metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.client = client
+        self.classify_fn = classify_fn
+        self.quarantine = quarantine
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.db = MonitorDb(Path(config.state_dir) / DB_NAME)
+
+    # --- public ---------------------------------------------------------------------------------------------
+    def poll_once(self) -> int:
+        """One poll: one ``jobs()`` and one ``nodes()`` call, then each --ft job. Returns how many were acted on."""
+        jobs = self.client.jobs()
+        nodes = {n.name: n for n in self.client.nodes()}
+        acted = 0
+        for job in jobs:
+            try:
+                acted += self._handle(job, nodes)
+            except Exception as exc:  # a daemon survives one bad job: log it, go on
+                self._event("job_error", job_id=job.job_id, error=f"{type(exc).__name__}: {exc}")
+        if self.quarantine is not None:
+            try:
+                self.metrics.set_quarantined(sum(1 for r in self.quarantine.list()
+                                                 if str(getattr(r, "state", "")).endswith("quarantined")))
+            except Exception as exc:
+                self._event("quarantine_error", error=f"{type(exc).__name__}: {exc}")
+        return acted
+
+    def run(self, *, stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep) -> None:
+        while not stop():
+            try:
+                self.poll_once()
+            except SlurmFtError as exc:  # Slurm unreachable for one poll: try again next time
+                self._event("poll_error", error=str(exc))
+            sleep(self.config.poll_interval_s)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- one job --------------------------------------------------------------------------------------------
+    def _handle(self, job: JobInfo, nodes: dict[str, NodeInfo]) -> int:
+        ft = read_registration(self.config.state_dir, job)
+        if ft is None:
+            return 0
+        self._reconcile(job)
+        row = self.db.job(job.job_id)
+        if not job.state.finished:
+            self._watching(job, row)
+            return 0
+        if row is not None and row["status"] in (JobStatus.STOPPED.value, JobStatus.DONE.value) \
+                and row["restart_count"] == job.restart_count:
+            return 0
+        if any(self.db.action(job.job_id, job.restart_count, a) is not None for a in ("requeue", "stop")):
+            return 0
+        if job.state is JobState.COMPLETED and not job.exit_code:
+            self._set(job, JobStatus.DONE)
+            self._event("job_completed", job_id=job.job_id, restart_count=job.restart_count)
+            return 0
+        return self._judge(job, ft, nodes, row)
+
+    def _watching(self, job: JobInfo, row: sqlite3.Row | None) -> None:
+        if row is not None and row["status"] == JobStatus.REQUEUED.value and job.state is JobState.RUNNING \
+                and row["requeued_at"] is not None:
+            self.metrics.recovery(self.clock() - row["requeued_at"])
+            self._event("job_recovered", job_id=job.job_id, restart_count=job.restart_count,
+                        recovery_s=round(self.clock() - row["requeued_at"], 3))
+            self._set(job, JobStatus.WATCHING)
+        elif row is None:
+            self._set(job, JobStatus.WATCHING)
+
+    def _judge(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None) -> int:
+        evidence = gather_evidence(self.config.state_dir, job, ft, nodes)
+        verdict = self.classify_fn(evidence)
+        self.metrics.failure(verdict.category.value)
+        budget = ft.max_restarts if ft.max_restarts is not None else self.config.default_max_restarts
+        resume_step = latest_step(ft.ckpt_dir)
+        decision = decide(job, ft, verdict, resume_step=resume_step, budget=budget,
+                          previous_resume_step=row["last_resume_step"] if row is not None else None,
+                          restarted_before=row is not None and row["requeued_at"] is not None)
+        self._event("job_failed", job_id=job.job_id, state=job.state.value, restart_count=job.restart_count,
+                    verdict=verdict.to_dict(), decision=decision.reason, requeue=decision.requeue,
+                    resume_step=resume_step, dry_run=self.config.dry_run)
+        if self.config.dry_run:
+            return 1
+        if decision.requeue:
+            self._strike(job, verdict, decision)
+            self._requeue(job, decision)
+        else:
+            self._stop(job, decision, verdict)
+        return 1
+
+    def _strike(self, job: JobInfo, verdict: Verdict, decision: Decision) -> None:
+        if self.quarantine is None:
+            return
+        for node in decision.culprits:
+            try:
+                state = self.quarantine.strike(node, verdict.category, "; ".join(verdict.evidence)[:200], job.job_id)
+                self._event("node_strike", job_id=job.job_id, node=node, state=str(getattr(state, "value", state)))
+            except Exception as exc:
+                self._event("strike_error", job_id=job.job_id, node=node, error=f"{type(exc).__name__}: {exc}")
+
+    def _requeue(self, job: JobInfo, decision: Decision) -> None:
+        detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
+                  "comment": requeue_comment(job.restart_count + 1, decision.resume_step, decision.category),
+                  "resume_step": decision.resume_step}
+        self.db.intent(job.job_id, job.restart_count, "requeue", detail, self.clock())
+        self.client.requeue(job.job_id, hold=True)
+        self._finish_requeue(job.job_id, job.restart_count, detail)
+
+    def _finish_requeue(self, job_id: int, restart_count: int, detail: dict[str, Any]) -> None:
+        """After the (held) requeue: set ExcNodeList and the Comment, release, record done. Idempotent."""
+        self.client.update_job(job_id, comment=detail["comment"], excluded_nodes=tuple(detail["excluded"]))
+        try:
+            self.client.release(job_id)
+        except SlurmCommandError as exc:  # already released by an earlier try
+            self._event("release_error", job_id=job_id, error=str(exc))
+        now = self.clock()
+        self.db.done(job_id, restart_count, "requeue", now)
+        self.db.set_job(job_id, restart_count=restart_count + 1, status=JobStatus.REQUEUED, now=now,
+                        last_resume_step=detail["resume_step"], requeued_at=now)
+        self.metrics.restart()
+        self._event("job_requeued", job_id=job_id, restart=restart_count + 1, excluded=detail["excluded"],
+                    comment=detail["comment"])
+
+    def _stop(self, job: JobInfo, decision: Decision, verdict: Verdict) -> None:
+        comment = stop_comment(decision.category, decision.reason, verdict.evidence[:3])
+        self.db.intent(job.job_id, job.restart_count, "stop", {"comment": comment}, self.clock())
+        self.client.update_job(job.job_id, comment=comment)
+        self.db.done(job.job_id, job.restart_count, "stop", self.clock())
+        self._set(job, JobStatus.STOPPED)
+        self.metrics.stop()
+        self._event("job_stopped", job_id=job.job_id, category=decision.category, reason=decision.reason,
+                    comment=comment)
+
+    def _reconcile(self, job: JobInfo) -> None:
+        """Finish or forget actions a killed monitor left as ``intent``."""
+        for action in self.db.pending(job.job_id):
+            count, detail = action["restart_count"], json.loads(action["detail"])
+            if action["action"] == "requeue":
+                if job.restart_count > count or not job.state.finished:
+                    self._event("reconcile", job_id=job.job_id, action="requeue", outcome="happened; finishing")
+                    self._finish_requeue(job.job_id, count, detail)
+                else:
+                    self._event("reconcile", job_id=job.job_id, action="requeue", outcome="never happened; retry")
+                    self.db.forget(job.job_id, count, "requeue")
+            else:
+                self.db.forget(job.job_id, count, action["action"])
+
+    def _set(self, job: JobInfo, status: JobStatus) -> None:
+        self.db.set_job(job.job_id, restart_count=job.restart_count, status=status, now=self.clock())
+
+    def _event(self, event: str, **fields: Any) -> None:
+        """One structured log line: a JSON object per line."""
+        line = json.dumps({"time": round(self.clock(), 3), "event": event, **fields}, default=str)
+        (log.warning if event.endswith("error") else log.info)(line)
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+def register(subparsers: argparse._SubParsersAction, name: str = "monitor") -> None:
+    parser = subparsers.add_parser(name, help="watch --ft jobs; requeue recoverable failures, stop the rest")
+    parser.add_argument("--once", action="store_true", help="one poll, then exit")
+    parser.add_argument("--state-dir", help="state directory (default: $SLURM_FT_STATE_DIR or the site config)")
+    parser.add_argument("--poll", type=float, default=30.0, help="seconds between polls (default 30)")
+    parser.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
+    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    parser.add_argument("--max-restarts", type=int, default=3, help="budget for jobs that set none (default 3)")
+    parser.set_defaults(func=_main)
+
+
+def _slurm_user() -> str | None:
+    from slurm_ft.quarantine import parse_slurm_user
+
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_slurm_user(out.stdout)
+
+
+def require_actor(dry_run: bool, *, euid: int | None = None, slurm_user: Callable[[], str | None] = _slurm_user) -> None:
+    """Acting (requeue, drain) needs root or the SlurmUser; --dry-run needs nothing."""
+    uid = os.geteuid() if euid is None else euid
+    if dry_run or uid == 0:
+        return
+    import pwd
+
+    user = slurm_user()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    if user and name == user:
+        return
+    raise SlurmFtError(f"monitor: requeueing and draining need root or the SlurmUser ({user or 'unknown'}); "
+                       f"you are {name!r} (use --dry-run to only watch)", exit_code=77)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from slurm_ft.classify import classify
+    from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+    from slurm_ft.slurm.backend import make_client
+
+    state = Path(args.state_dir) if args.state_dir else ft_config.state_dir(ft_config.load_site_config())
+    try:
+        config = MonitorConfig(poll_interval_s=args.poll, state_dir=state, default_max_restarts=args.max_restarts,
+                               metrics_port=args.metrics_port, dry_run=args.dry_run)
+    except ValueError as exc:
+        raise SlurmFtError(f"monitor: {exc}") from exc
+    require_actor(config.dry_run)
+    client = make_client()
+    quarantine = None if config.dry_run else Quarantine(QuarantineStore(default_db_path(state)), client=client)
+    monitor = Monitor(config, client, classify, quarantine=quarantine)
+    if config.metrics_port:
+        from slurm_ft.metrics import serve
+
+        serve(monitor.metrics, config.metrics_port)
+    try:
+        if args.once:
+            monitor.poll_once()
+        else:
+            monitor.run()
+    finally:
+        monitor.close()
+    return 0

@@ -1,0 +1,342 @@
+"""Monitor decisions and idempotency with a fake SlurmClient and a temp SQLite state dir."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import urllib.request
+
+import pytest
+
+from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
+from slurm_ft.errors import SlurmFtError
+from slurm_ft.metrics import Metrics, serve
+from slurm_ft.monitor import (FtJob, Monitor, MonitorConfig, parse_resume_step, read_registration,
+                              registry_path, require_actor, write_registration)
+from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
+from slurm_ft.train.records import ErrorRecord, run_dir_for, write_error
+
+UID = os.geteuid()
+
+
+class FakeClient:
+    """Records calls; requeue bumps restart_count and makes the job PENDING (held)."""
+
+    def __init__(self, jobs: list[JobInfo], nodes: list[NodeInfo] = ()) -> None:
+        self.jobs_by_id = {j.job_id: j for j in jobs}
+        self.node_list = list(nodes)
+        self.calls: list[tuple] = []
+        self.fail_on: str | None = None
+
+    def jobs(self):
+        self.calls.append(("jobs",))
+        return list(self.jobs_by_id.values())
+
+    def job(self, job_id):
+        return self.jobs_by_id.get(job_id)
+
+    def nodes(self):
+        self.calls.append(("nodes",))
+        return list(self.node_list)
+
+    def drain(self, node, reason):
+        self.calls.append(("drain", node, reason))
+
+    def resume(self, node):
+        self.calls.append(("resume", node))
+
+    def requeue(self, job_id, *, hold=False):
+        self.calls.append(("requeue", job_id, hold))
+        job = self.jobs_by_id[job_id]
+        self.jobs_by_id[job_id] = dataclasses.replace(job, state=JobState.PENDING, restart_count=job.restart_count + 1)
+        if self.fail_on == "after_requeue":
+            raise KeyboardInterrupt("monitor killed between requeue and done")
+
+    def release(self, job_id):
+        self.calls.append(("release", job_id))
+
+    def update_job(self, job_id, *, comment=None, excluded_nodes=None):
+        self.calls.append(("update", job_id, comment, excluded_nodes))
+        job = self.jobs_by_id[job_id]
+        changes = {}
+        if comment is not None:
+            changes["comment"] = comment
+        if excluded_nodes is not None:
+            changes["excluded_nodes"] = tuple(excluded_nodes)
+        self.jobs_by_id[job_id] = dataclasses.replace(job, **changes)
+
+    def count(self, name):
+        return sum(1 for c in self.calls if c[0] == name)
+
+
+def verdict(category=Category.HARDWARE_NODE, recoverable=True, action=Action.REQUEUE_EXCLUDE, nodes=("n2",)):
+    return Verdict(category=category, recoverable=recoverable, action=action, culprit=Culprit(nodes=nodes),
+                   evidence=("node n2 NOT_RESPONDING",), confidence=0.9)
+
+
+def failed(job_id=100, **kw):
+    base = dict(job_id=job_id, name="train", user_id=UID, state=JobState.NODE_FAIL, nodes=("n1", "n2"),
+                exit_code=1)
+    base.update(kw)
+    return JobInfo(**base)
+
+
+@pytest.fixture()
+def state(tmp_path):
+    return tmp_path / "state"
+
+
+def make(state, client, fn=lambda ev: verdict(), quarantine=None, **cfg):
+    return Monitor(MonitorConfig(state_dir=state, poll_interval_s=1, **cfg), client, fn, quarantine=quarantine,
+                   clock=lambda: 1000.0)
+
+
+def register_job(state, tmp_path, job_id=100, max_restarts=3):
+    ckpt = tmp_path / f"ckpt{job_id}"
+    write_registration(state, FtJob(job_id=job_id, ckpt_dir=str(ckpt), run_dir=str(run_dir_for(ckpt)),
+                                    max_restarts=max_restarts, user_id=UID))
+    return ckpt
+
+
+def commit_step(ckpt, step):
+    from slurm_ft.train import layout
+
+    d = layout.step_dir(ckpt, step)
+    d.mkdir(parents=True)
+    (d / "COMMITTED").write_text(json.dumps({"step": step, "world_size": 2, "files": {}, "rank_hosts": [],
+                                             "time": 0.0, "version": 1}))
+
+
+def test_config_validation_names_field():
+    with pytest.raises(ValueError, match="poll_interval_s"):
+        MonitorConfig(poll_interval_s=0)
+    with pytest.raises(ValueError, match="metrics_port"):
+        MonitorConfig(metrics_port=70000)
+    with pytest.raises(ValueError, match="default_max_restarts"):
+        MonitorConfig(default_max_restarts=-1)
+
+
+def test_one_jobs_and_one_nodes_call_per_poll_for_many_jobs(state, tmp_path):
+    jobs = [failed(job_id=i, state=JobState.RUNNING) for i in range(1, 51)]
+    for i in range(1, 51):
+        register_job(state, tmp_path, job_id=i)
+    client = FakeClient(jobs)
+    make(state, client).poll_once()
+    assert client.count("jobs") == 1 and client.count("nodes") == 1
+    assert len(client.calls) == 2
+
+
+def test_recoverable_failure_requeues_with_exclusion_and_resume_hint(state, tmp_path):
+    ckpt = register_job(state, tmp_path)
+    commit_step(ckpt, 40)
+    client = FakeClient([failed(excluded_nodes=("n9",))])
+    acted = make(state, client).poll_once()
+    assert acted == 1
+    assert ("requeue", 100, True) in client.calls
+    update = next(c for c in client.calls if c[0] == "update")
+    assert update[2] == "slurm-ft: restart=1 resume_step=40 cause=hardware_node"
+    assert update[3] == ("n2", "n9")
+    assert client.calls.index(update) < client.calls.index(("release", 100))
+    assert parse_resume_step(client.jobs_by_id[100].comment) == 40
+
+
+def test_requeue_happens_once_across_polls(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    mon = make(state, client)
+    mon.poll_once()
+    mon.poll_once()
+    assert client.count("requeue") == 1
+
+
+def test_killed_between_intent_and_done_does_not_requeue_twice(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    client.fail_on = "after_requeue"
+    mon = make(state, client)
+    with pytest.raises(KeyboardInterrupt):
+        mon.poll_once()
+    mon.close()
+    client.fail_on = None
+    restarted = make(state, client)  # a fresh monitor over the same state dir
+    restarted.poll_once()
+    assert client.count("requeue") == 1
+    assert client.count("release") == 1
+    assert client.jobs_by_id[100].comment.startswith("slurm-ft: restart=1")
+    assert restarted.db.action(100, 0, "requeue")["state"] == "done"
+
+
+def test_intent_without_requeue_is_retried(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    mon = make(state, client)
+    mon.db.intent(100, 0, "requeue", {"excluded": [], "comment": "x", "resume_step": None}, 1.0)
+    mon.poll_once()  # job still ended at restart_count 0: the requeue never happened
+    assert client.count("requeue") == 1
+
+
+def test_budget_exhausted_stops_with_comment(state, tmp_path):
+    register_job(state, tmp_path, max_restarts=2)
+    client = FakeClient([failed(restart_count=2)])
+    make(state, client).poll_once()
+    assert client.count("requeue") == 0
+    assert client.jobs_by_id[100].comment.startswith("slurm-ft: stopped cause=hardware_node restart budget exhausted")
+
+
+def test_crash_loop_without_checkpoint_progress_stops(state, tmp_path):
+    ckpt = register_job(state, tmp_path, max_restarts=5)
+    commit_step(ckpt, 10)
+    client = FakeClient([failed()])
+    mon = make(state, client)
+    mon.poll_once()  # first failure: requeue, resume at 10
+    job = client.jobs_by_id[100]
+    client.jobs_by_id[100] = dataclasses.replace(job, state=JobState.RUNNING)
+    mon.poll_once()
+    client.jobs_by_id[100] = dataclasses.replace(job, state=JobState.FAILED)  # died again, still at step 10
+    mon.poll_once()
+    assert client.count("requeue") == 1
+    assert "crash loop" in client.jobs_by_id[100].comment
+
+
+def test_progress_since_restart_is_not_a_crash_loop(state, tmp_path):
+    ckpt = register_job(state, tmp_path, max_restarts=5)
+    commit_step(ckpt, 10)
+    client = FakeClient([failed()])
+    mon = make(state, client)
+    mon.poll_once()
+    commit_step(ckpt, 20)
+    client.jobs_by_id[100] = dataclasses.replace(client.jobs_by_id[100], state=JobState.FAILED)
+    mon.poll_once()
+    assert client.count("requeue") == 2
+    assert "resume_step=20" in client.jobs_by_id[100].comment
+
+
+def test_user_code_stops_with_verdict_in_comment(state, tmp_path):
+    ckpt = register_job(state, tmp_path)
+    write_error(run_dir_for(ckpt), ErrorRecord(rank=1, time=5.0, exc_type="ZeroDivisionError", message="boom"))
+    seen = []
+
+    def judge(ev):
+        seen.append(ev)
+        return Verdict(category=Category.USER_CODE, recoverable=False, action=Action.STOP,
+                       evidence=("rank 1: ZeroDivisionError: boom",))
+
+    client = FakeClient([failed(state=JobState.FAILED)])
+    make(state, client, judge).poll_once()
+    assert client.count("requeue") == 0
+    assert client.jobs_by_id[100].comment == \
+        "slurm-ft: stopped cause=user_code not recoverable; rank 1: ZeroDivisionError: boom"
+    assert [e.exc_type for e in seen[0].errors] == ["ZeroDivisionError"]
+    make(state, client, judge).poll_once()
+    assert client.count("update") == 1  # stopped once, not again
+
+
+def test_real_classifier_stops_user_error(state, tmp_path):
+    from slurm_ft.classify import classify
+
+    ckpt = register_job(state, tmp_path)
+    write_error(run_dir_for(ckpt), ErrorRecord(rank=0, time=5.0, exc_type="ValueError", message="bad shape",
+                                               traceback="Traceback...\nValueError: bad shape"))
+    client = FakeClient([failed(state=JobState.FAILED, exit_code=1)], [NodeInfo(name="n1", state=frozenset({"IDLE"}))])
+    make(state, client, classify).poll_once()
+    assert client.count("requeue") == 0
+    assert client.jobs_by_id[100].comment.startswith("slurm-ft: stopped cause=")
+
+
+def test_jobs_not_ours_and_completed_are_left_alone(state, tmp_path):
+    register_job(state, tmp_path, job_id=2)
+    client = FakeClient([failed(job_id=1), failed(job_id=2, state=JobState.COMPLETED, exit_code=0)])
+    make(state, client).poll_once()
+    assert client.count("requeue") == 0 and client.count("update") == 0
+
+
+def test_comment_tag_marks_a_job_ours(state):
+    client = FakeClient([failed(job_id=7, comment="slurm-ft: restart=1 resume_step=3 cause=hang")])
+    make(state, client).poll_once()
+    assert ("requeue", 7, True) in client.calls
+
+
+def test_bad_job_is_logged_and_the_poll_goes_on(state, tmp_path, caplog):
+    register_job(state, tmp_path, job_id=1)
+    register_job(state, tmp_path, job_id=2)
+    registry_path(state, 1).write_text("{not json")
+    client = FakeClient([failed(job_id=1), failed(job_id=2)])
+    with caplog.at_level("INFO", logger="slurm_ft.monitor"):
+        make(state, client).poll_once()
+    assert ("requeue", 2, True) in client.calls
+    events = [json.loads(r.getMessage()) for r in caplog.records]
+    assert any(e["event"] == "job_error" and e["job_id"] == 1 for e in events)
+
+
+def test_registry_symlink_is_refused(state, tmp_path):
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps({"ckpt_dir": "/x"}))
+    registry_path(state, 5).parent.mkdir(parents=True)
+    registry_path(state, 5).symlink_to(real)
+    with pytest.raises(OSError):
+        read_registration(state, failed(job_id=5))
+
+
+def test_registry_uid_mismatch_is_refused(state, tmp_path):
+    write_registration(state, FtJob(job_id=6, user_id=UID + 1))
+    with pytest.raises(ValueError, match="uid"):
+        read_registration(state, failed(job_id=6))
+
+
+def test_dry_run_changes_nothing(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    make(state, client, dry_run=True).poll_once()
+    assert client.count("requeue") == 0 and client.count("update") == 0
+
+
+def test_culprits_get_a_quarantine_strike(state, tmp_path):
+    register_job(state, tmp_path)
+    strikes = []
+
+    class FakeQuarantine:
+        def strike(self, node, category, evidence, job_id=None):
+            strikes.append((node, Category(category), job_id))
+            return "suspect"
+
+        def list(self):
+            return []
+
+    make(state, FakeClient([failed()]), quarantine=FakeQuarantine()).poll_once()
+    assert strikes == [("n2", Category.HARDWARE_NODE, 100)]
+
+
+def test_recovery_time_observed_when_running_again(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    now = [1000.0]
+    mon = Monitor(MonitorConfig(state_dir=state), client, lambda ev: verdict(), clock=lambda: now[0])
+    mon.poll_once()
+    now[0] = 1130.0
+    client.jobs_by_id[100] = dataclasses.replace(client.jobs_by_id[100], state=JobState.RUNNING)
+    mon.poll_once()
+    assert mon.metrics.recovery_count == 1 and mon.metrics.recovery_sum == pytest.approx(130.0)
+    assert mon.metrics.restarts == 1 and mon.metrics.failures == {"hardware_node": 1}
+
+
+def test_metrics_served_on_loopback():
+    metrics = Metrics()
+    metrics.failure("hang")
+    metrics.restart()
+    server = serve(metrics, 0)
+    try:
+        port = server.server_address[1]
+        assert server.server_address[0] == "127.0.0.1"
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    assert 'slurm_ft_failures_total{category="hang"} 1' in body
+    assert "slurm_ft_restarts_total 1" in body
+
+
+def test_acting_needs_root_or_slurm_user():
+    require_actor(True, euid=12345)
+    require_actor(False, euid=0)
+    with pytest.raises(SlurmFtError, match="root or the SlurmUser"):
+        require_actor(False, euid=12345, slurm_user=lambda: "slurm")

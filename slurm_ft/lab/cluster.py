@@ -158,7 +158,8 @@ class LabCluster:
         with ports.host_lock():
             state = self._read_state()
             layout = self._layout(state)
-            conf = render_slurm_conf(layout, self._extra_lines(say))
+            extra = self._extra_lines(say)
+            conf = render_slurm_conf(layout, extra)
             running = self.is_up()
             if running and self._same_nodes(state, layout):
                 if conf != self._read_conf():
@@ -171,8 +172,9 @@ class LabCluster:
                 if running or state.get("daemons"):
                     say("lab config changed or partly down: restarting it")
                     self._stop_daemons(say)
-                    layout = self._layout({}) if self._ports_taken(layout) else layout
-                    conf = render_slurm_conf(layout, self._extra_lines(say))
+                    if self._ports_taken(layout):
+                        layout = self._layout({})
+                        conf = render_slurm_conf(layout, extra)
                 self._write_conf(conf)
                 self._start(layout, say)
         self._wait_ready(say)
@@ -212,7 +214,8 @@ class LabCluster:
 
     def status(self) -> tuple[list[NodeInfo], list[JobInfo]]:
         """Nodes and jobs of the running lab (one sinfo and one squeue call)."""
-        if not self.is_up():
+        ctld = self._find_daemon("slurmctld")
+        if ctld is None or not procs.is_running(ctld):
             raise LabError(f"no lab running in {self.dir} (start it with `slurm-ft lab up --dir {self.dir}`)")
         client = self.client()
         return client.nodes(), client.jobs()

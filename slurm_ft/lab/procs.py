@@ -42,7 +42,18 @@ def spawn(name: str, argv: Sequence[str], *, env: Mapping[str, str], log_path: P
         )
     _CHILDREN[proc.pid] = proc
     ticks = _start_ticks(proc.pid)
-    return Daemon(name=name, pid=proc.pid, argv=tuple(argv), start_ticks=ticks if ticks is not None else -1)
+    daemon = Daemon(name=name, pid=proc.pid, argv=tuple(argv), start_ticks=ticks if ticks is not None else -1)
+    _settle(daemon)
+    return daemon
+
+
+def _settle(daemon: Daemon, timeout: float = 2.0) -> None:
+    """Wait until /proc shows the new argv: exec closes the Popen error pipe a moment before it sets it."""
+    deadline = time.monotonic() + timeout
+    while cmdline(daemon.pid) != daemon.argv and time.monotonic() < deadline:
+        if _stat(daemon.pid) is None or daemon.pid in _CHILDREN and _CHILDREN[daemon.pid].poll() is not None:
+            return  # exited at once; the caller sees it is not running
+        time.sleep(0.005)
 
 
 def is_running(daemon: Daemon) -> bool:

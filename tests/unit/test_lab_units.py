@@ -123,8 +123,11 @@ def test_spawn_is_running_and_stop(tmp_path):
 
 
 def test_pid_reuse_is_not_ours(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    argv = (sys.executable, "-c", "import time; time.sleep(60)")
+    proc = subprocess.Popen(argv)
     try:
+        while procs.cmdline(proc.pid) != argv:  # exec may not have set the new argv yet
+            time.sleep(0.01)
         real = procs.Daemon(name="x", pid=proc.pid, argv=procs.cmdline(proc.pid), start_ticks=procs._stat(proc.pid)[1])
         assert procs.is_running(real)
         other_argv = procs.Daemon(name="x", pid=proc.pid, argv=("slurmd", "-N", "n1"), start_ticks=real.start_ticks)

@@ -58,6 +58,7 @@ class HooksConfig:
     nvml_timeout_s: float = 10.0  # an NVML probe that hangs longer counts as a GPU fault
     space_timeout_s: float = 5.0  # a statvfs that hangs longer counts as a storage fault
     files_timeout_s: float = 10.0  # reading the ranks' error files
+    slurm_timeout_s: float = 10.0  # each sinfo/scontrol call
     budget_s: float = 45.0  # the whole hook; keep it under slurm.conf PrologEpilogTimeout
     max_error_file_bytes: int = 262_144
     max_error_files: int = 256
@@ -66,8 +67,8 @@ class HooksConfig:
     log_file: str = ""  # default <state_dir>/log/hooks.log
 
     def __post_init__(self) -> None:
-        for name in ("min_free_gb", "nvml_timeout_s", "space_timeout_s", "files_timeout_s", "budget_s",
-                     "kmsg_lookback_s"):
+        for name in ("min_free_gb", "nvml_timeout_s", "space_timeout_s", "files_timeout_s", "slurm_timeout_s",
+                     "budget_s", "kmsg_lookback_s"):
             value = getattr(self, name)
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, name,
                     f"must be a non-negative number, got {value!r}")
@@ -173,13 +174,12 @@ class Deps:
 
             return NvmlProbe(xid_wait_ms=settings.health.xid_wait_ms).snapshot(node)
 
-        return cls(probe=probe, client=_cli_client, log=_file_logger(settings))
+        def client() -> Any:
+            from slurm_ft.slurm.cli_backend import CliSlurmClient
 
+            return CliSlurmClient(timeout=settings.hooks.slurm_timeout_s)
 
-def _cli_client() -> Any:
-    from slurm_ft.slurm.cli_backend import CliSlurmClient
-
-    return CliSlurmClient()
+        return cls(probe=probe, client=client, log=_file_logger(settings))
 
 
 def _file_logger(settings: Settings) -> Callable[[str], None]:

@@ -22,12 +22,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from slurm_ft.health.records import XidEvent, normalize_pci_bus
+from slurm_ft.classify.xid import parse_xid_line
+from slurm_ft.health.records import XidEvent
 
-# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
-# Older drivers omit "PCI:"; some print "(0000:3b:00.0)".
-_XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\): "
-                     r"(?P<xid>\d+)(?:,\s*(?P<rest>.*))?")
 _KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
 _ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?)\s+(?P<msg>.*)$")
 _BRACKET_RE = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s+(?P<msg>.*)$")
@@ -68,12 +65,12 @@ def _iso_time(text: str) -> float | None:
 
 
 def parse_xid_message(message: str, *, node: str, time: float | None = None) -> XidEvent | None:
-    """The Xid in one kernel message, or ``None`` when the message is not an NVRM Xid line."""
-    m = _XID_RE.search(message)
-    if m is None:
+    """The Xid in one kernel message, or ``None`` when it is not an NVRM Xid line (classify.xid parses)."""
+    parsed = parse_xid_line(message)
+    if parsed is None:
         return None
-    return XidEvent(node=node, xid=int(m["xid"]), pci_bus=normalize_pci_bus(m["pci"]), time=time,
-                    text=message.strip(), source="kmsg")
+    pci, xid, _ = parsed
+    return XidEvent(node=node, xid=xid, pci_bus=pci, time=time, text=message.strip(), source="kmsg")
 
 
 def find_xids(lines: Iterable[str], *, node: str, since: float | None, boot_time: float) -> list[XidEvent]:

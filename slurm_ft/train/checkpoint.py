@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,8 +37,10 @@ from slurm_ft.errors import SlurmFtError
 from slurm_ft.train import layout
 
 log = logging.getLogger("slurm_ft.train.checkpoint")
+# Single-process saves pass no_dist=True on purpose; DCP's "assuming single process" warning is noise then.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
-TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: os._exit(17) at the named save/commit point
+TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": os._exit(17) there
 CRASH_POINTS = ("after_local_state", "after_shards", "before_manifest", "after_manifest", "after_rename",
                 "after_marker", "after_fsync")
 LOCAL_STATE = "rank_{rank:05d}.pt"
@@ -47,9 +50,10 @@ class CheckpointError(SlurmFtError):
     """Checkpoints exist but none can be loaded (the message names the bad files)."""
 
 
-def _crash_point(name: str) -> None:
-    """TEST-ONLY fault hook: die abruptly here when ``$SLURM_FT_TEST_CRASH_AT`` names this point."""
-    if os.environ.get(TEST_CRASH_AT) == name:
+def _crash_point(name: str, step: int | None = None) -> None:
+    """TEST-ONLY fault hook: die abruptly here when ``$SLURM_FT_TEST_CRASH_AT`` names this point (and step)."""
+    wanted = os.environ.get(TEST_CRASH_AT)
+    if wanted is not None and wanted in (name, f"{name}@{step}"):
         log.warning("TEST-ONLY crash point %s reached: exiting", name)
         os._exit(17)
 
@@ -357,20 +361,21 @@ class CheckpointManager:
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             self.storage.write_file(tmp / LOCAL_STATE.format(rank=self.rank), local)
-            _crash_point("after_local_state")
+            _crash_point("after_local_state", step)
         except OSError as exc:
             error = f"rank {self.rank}: {exc}"
         errors = [e for e in self._all_gather(error, group) if e]
         if errors:
             raise OSError(f"writing local state failed: {'; '.join(errors)}")
         dcp.save(state, storage_writer=self.storage.writer(tmp), process_group=group, no_dist=not self._distributed)
-        _crash_point("after_shards")
+        _crash_point("after_shards", step)
         outcome = ""
         if self.rank == 0:
             try:
                 manifest = layout.Manifest(step=step, world_size=self.world_size, files=layout.scan_files(tmp),
                                            rank_hosts=list(self.rank_hosts), time=time.time())
-                layout.commit(tmp, layout.step_dir(self.dir, step), manifest, _crash_point)
+                layout.commit(tmp, layout.step_dir(self.dir, step), manifest,
+                              lambda point: _crash_point(point, step))
                 for name in layout.apply_retention(self.dir, self.config.keep_last, self.config.keep_every):
                     log.info("retention removed %s", name)
             except OSError as exc:

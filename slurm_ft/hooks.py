@@ -385,16 +385,25 @@ def gather_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> NodeReport
                       notes=tuple(notes))
 
 
-def _job_start(ctx: JobContext, settings: Settings) -> float | None:
-    """When this node's prolog ran for the job (from its record), if it left one."""
+def _prolog_record(ctx: JobContext, settings: Settings) -> dict[str, Any]:
+    """What this node's prolog recorded for the job (``{}`` when it left nothing readable)."""
     if ctx.job_id is None:
-        return None
+        return {}
     path = settings.report_dir(ctx.job_id) / f"{ctx.node}.prolog.json"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd) as fh:
-            return float(json.loads(fh.read(65_536))["time"])
-    except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(fh.read(65_536))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _job_start(ctx: JobContext, settings: Settings) -> float | None:
+    """When this node's prolog ran for the job, if it left a record."""
+    try:
+        return float(_prolog_record(ctx, settings)["time"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -419,7 +428,10 @@ def run_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
     if findings:
         for finding in findings:
             deps.log(f"{label}: FAIL {finding.category.value}: {finding.evidence}")
-        _quarantine_node(ctx, findings, settings, deps, source="epilog")
+        if _prolog_record(ctx, settings).get("passed") is False:
+            deps.log(f"{label}: the prolog already failed this node for the job: no second strike")
+        else:
+            _quarantine_node(ctx, findings, settings, deps, source="epilog")
     deps.log(f"{label}: report written ({len(report.error_files)} error files, {len(report.kmsg_xids)} Xids)")
     return 0
 

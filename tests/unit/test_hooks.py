@@ -114,6 +114,15 @@ def test_bad_node_fails_the_prolog_and_is_quarantined(lab: Env) -> None:
     assert lab.run("prolog", job_env(node="n2")) == 0  # the other node probes normally
 
 
+def test_the_epilog_after_a_failed_prolog_does_not_strike_twice(lab: Env) -> None:
+    lab.mark_bad("n1")
+    assert lab.run("prolog", job_env()) == 1
+    assert lab.run("epilog", job_env()) == 0
+    assert len(lab.quarantine().strikes("n1")) == 1 and len(lab.slurm.calls) == 1
+    report = json.loads((lab.state / "reports" / "7" / "n1.json").read_text())
+    assert report["health"][0]["check"] == "xid"  # the evidence is still in the report
+
+
 def test_quarantined_node_keeps_failing_until_released(lab: Env) -> None:
     lab.quarantine().add("n1", "admin says so", category="hardware_node")
     lab.slurm.calls.clear()

@@ -1,0 +1,450 @@
+"""The in-allocation supervisor: ``slurm-ft launch [options] -- CMD...`` inside the batch script.
+
+Runs ``srun ... CMD`` over the allocation in a bounded restart loop (separate budgets, like torch elastic's
+``_invoke_run``: a failure uses a retry, swapping in a spare node does not). While an attempt runs it watches
+the ranks' heartbeats: a rank whose step has not advanced for ``hang_timeout_s`` (after a startup grace) is a
+hang, and the attempt is killed. After a failed attempt:
+
+- the earliest error file is the root cause; a non-recoverable verdict (user code, config ...) ends the job
+  with the attempt's exit code, for the monitor to record;
+- every node healthy (responding, not drained) -> restart in place, resuming from the newest checkpoint;
+- a node unhealthy and enough spares -> swap the spares in and restart;
+- otherwise exit ``EX_TEMPFAIL`` (75): the allocation cannot recover, the monitor requeues the job elsewhere.
+
+Between attempts the run directory's heartbeats and error files move to ``attempt-<N>/`` (evidence). Events go
+to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``first_step``, ``exit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from slurm_ft import env as ft_env
+from slurm_ft.config import require
+from slurm_ft.errors import SlurmFtError
+from slurm_ft.slurm.types import NodeInfo
+from slurm_ft.train.records import ERROR_GLOB, HEARTBEAT_GLOB, read_errors, read_heartbeats, run_dir_for
+
+log = logging.getLogger("slurm_ft.launch")
+
+EX_TEMPFAIL = 75  # sysexits.h: the allocation cannot recover; the monitor should requeue the job
+EVENTS_FILE = "events.jsonl"
+
+
+class Outcome(str, enum.Enum):
+    """How one attempt ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # srun exited non-zero (a rank died, a node failed)
+    HUNG = "hung"  # no heartbeat progress within the hang timeout; killed by us
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchConfig:
+    """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
+    ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: in-place
+    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``."""
+
+    command: tuple[str, ...]
+    nodes: int | None = None
+    ntasks_per_node: int = 1
+    hang_timeout_s: float = 300.0
+    startup_grace_s: float = 60.0
+    max_restarts: int = 3
+    spare_nodes: int = 0
+    run_dir: Path = Path(".slurm-ft")
+    poll_s: float = 1.0
+    kill_grace_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        require(len(self.command) > 0, "command", "missing: give the training command after `--`")
+        object.__setattr__(self, "command", tuple(str(c) for c in self.command))
+        require(self.nodes is None or (isinstance(self.nodes, int) and self.nodes >= 1), "nodes",
+                f"must be an integer >= 1 (--nodes), got {self.nodes!r}")
+        require(isinstance(self.ntasks_per_node, int) and self.ntasks_per_node >= 1, "ntasks_per_node",
+                f"must be an integer >= 1 (--ntasks-per-node), got {self.ntasks_per_node!r}")
+        require(self.hang_timeout_s >= 0, "hang_timeout_s", f"must be >= 0 (--hang-timeout), got {self.hang_timeout_s!r}")
+        require(self.startup_grace_s >= 0, "startup_grace_s", f"must be >= 0, got {self.startup_grace_s!r}")
+        require(isinstance(self.max_restarts, int) and self.max_restarts >= 0, "max_restarts",
+                f"must be an integer >= 0 (--max-restarts), got {self.max_restarts!r}")
+        require(isinstance(self.spare_nodes, int) and self.spare_nodes >= 0, "spare_nodes",
+                f"must be an integer >= 0 (--spare-nodes), got {self.spare_nodes!r}")
+        require(self.poll_s > 0, "poll_s", f"must be > 0, got {self.poll_s!r}")
+        require(self.kill_grace_s >= 0, "kill_grace_s", f"must be >= 0, got {self.kill_grace_s!r}")
+        object.__setattr__(self, "run_dir", Path(self.run_dir))
+
+
+# --- side effects behind small interfaces ---------------------------------------------------------------------
+class Process(Protocol):
+    def poll(self) -> int | None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Runner(Protocol):
+    def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> Process: ...
+
+
+class _Popen:
+    """srun in its own process group, so terminate/kill reach it and nothing else."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+
+def popen_runner(argv: Sequence[str], env: Mapping[str, str]) -> Process:
+    return _Popen(argv, env)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def master_addr(node: str, environ: Mapping[str, str]) -> str:
+    """``$MASTER_ADDR`` if set, else ``node``'s address; 127.0.0.1 when it does not resolve (the lab's nodes)."""
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    try:
+        return socket.gethostbyname(node)
+    except OSError:
+        return "127.0.0.1"
+
+
+# --- pure pieces ----------------------------------------------------------------------------------------------
+def choose_nodes(allocation: Sequence[str], *, wanted: int, bad: set[str]) -> list[str] | None:
+    """The first ``wanted`` nodes of the allocation that are not bad, or None when too few are left."""
+    good = [n for n in allocation if n not in bad]
+    return good[:wanted] if len(good) >= wanted else None
+
+
+def unhealthy(nodes: Sequence[str], states: Mapping[str, NodeInfo]) -> set[str]:
+    """Nodes that are down, drained or not responding in ``states`` (one ``nodes()`` call); unknown ones pass."""
+    bad = set()
+    for name in nodes:
+        info = states.get(name)
+        if info is not None and (info.down or info.drained or "NOT_RESPONDING" in info.state):
+            bad.add(name)
+    return bad
+
+
+class HangWatch:
+    """Tracks per-rank heartbeat progress on the launcher's own clock."""
+
+    def __init__(self, ranks: int, started: float, *, timeout_s: float, grace_s: float) -> None:
+        self.ranks, self.started, self.timeout_s, self.grace_s = ranks, started, timeout_s, grace_s
+        self.progress: dict[int, tuple[int, float]] = {}  # rank -> (step, when we saw it change)
+
+    def update(self, beats: Sequence[Any], now: float) -> None:
+        for beat in beats:
+            seen = self.progress.get(beat.rank)
+            if seen is None or beat.step != seen[0]:
+                self.progress[beat.rank] = (beat.step, now)
+
+    def hung(self, now: float) -> list[int]:
+        """Ranks with no progress for the timeout (ranks never seen: counted from the end of the grace)."""
+        if self.timeout_s <= 0 or now - self.started < self.grace_s:
+            return []
+        stuck = []
+        for rank in range(self.ranks):
+            step_seen = self.progress.get(rank)
+            since = self.started + self.grace_s if step_seen is None else max(step_seen[1], self.started + self.grace_s)
+            if now - since >= self.timeout_s:
+                stuck.append(rank)
+        return stuck
+
+
+# --- the supervisor -------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptResult:
+    outcome: Outcome
+    exit_code: int
+    time: float
+    hung_ranks: tuple[int, ...] = ()
+
+
+class Launcher:
+    """The bounded restart loop over one allocation."""
+
+    def __init__(self, config: LaunchConfig, *, allocation: Sequence[str], environ: Mapping[str, str],
+                 runner: Runner = popen_runner, node_states: Callable[[], Mapping[str, NodeInfo]] | None = None,
+                 classify_fn: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
+                 resume_step: int | None = None) -> None:
+        self.config = config
+        self.allocation = list(allocation)
+        self.environ = dict(environ)
+        self.runner, self.node_states, self.classify_fn = runner, node_states, classify_fn
+        self.clock, self.sleep, self.port = clock, sleep, port
+        self.resume_step = resume_step
+        self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
+        if self.wanted < 1 or self.wanted > len(self.allocation):
+            raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
+                               f"({', '.join(self.allocation) or 'empty'}) with {config.spare_nodes} spare(s)")
+        self.attempts = 0
+
+    def run(self) -> int:
+        retries_left = self.config.max_restarts
+        bad: set[str] = set()
+        while True:
+            chosen = choose_nodes(self.allocation, wanted=self.wanted, bad=bad)
+            if chosen is None:
+                return self._exit(EX_TEMPFAIL, "no healthy nodes left in the allocation", bad=sorted(bad))
+            self.attempts += 1
+            if self.attempts > 1:
+                self._archive(self.attempts - 1)
+            result = self._attempt(chosen)
+            if result.outcome is Outcome.SUCCEEDED:
+                return self._exit(0, "succeeded")
+            self._event("fault_detected", kind=result.outcome.value, time=result.time, exit_code=result.exit_code,
+                        hung_ranks=list(result.hung_ranks), attempt=self.attempts)
+            sick = self._sick(chosen)
+            if sick:
+                bad |= sick
+                if choose_nodes(self.allocation, wanted=self.wanted, bad=bad) is None:
+                    return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad))
+                self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
+                continue  # a membership change: no retry used
+            if result.outcome is Outcome.FAILED and not self._recoverable():
+                return self._exit(result.exit_code or 1, "not recoverable in place")
+            if retries_left == 0:
+                return self._exit(result.exit_code or 1, "in-place restart budget exhausted")
+            retries_left -= 1
+            self._event("restart_in_place", attempt=self.attempts, retries_left=retries_left)
+
+    def _sick(self, chosen: list[str]) -> set[str]:
+        if self.node_states is None:
+            return set()
+        try:
+            return unhealthy(chosen, self.node_states())
+        except SlurmFtError as exc:  # Slurm unreachable: judge by the error files alone
+            self._event("node_states_error", error=str(exc))
+            return set()
+
+    # --- one attempt ----------------------------------------------------------------------------------------
+    def _attempt(self, chosen: list[str]) -> AttemptResult:
+        cfg = self.config
+        env = self._env(chosen)
+        argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * cfg.ntasks_per_node}",
+                f"--ntasks-per-node={cfg.ntasks_per_node}", f"--nodelist={','.join(chosen)}",
+                "--kill-on-bad-exit=1", *cfg.command]
+        started = self.clock()
+        self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
+                    time=started)
+        proc = self.runner(argv, env)
+        watch = HangWatch(len(chosen) * cfg.ntasks_per_node, started, timeout_s=cfg.hang_timeout_s,
+                          grace_s=cfg.startup_grace_s)
+        first_step_logged = False
+        while True:
+            code = proc.poll()
+            if code is not None:
+                now = self.clock()
+                return AttemptResult(outcome=Outcome.SUCCEEDED if code == 0 else Outcome.FAILED,
+                                     exit_code=code, time=now)
+            now = self.clock()
+            beats = read_heartbeats(cfg.run_dir)
+            watch.update(beats, now)
+            if not first_step_logged and beats:
+                first_step_logged = True
+                self._event("first_step", attempt=self.attempts, step=max(b.step for b in beats), time=now)
+            stuck = watch.hung(now)
+            if stuck:
+                self._kill(proc)
+                return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
+                                     hung_ranks=tuple(stuck))
+            self.sleep(cfg.poll_s)
+
+    def _kill(self, proc: Process) -> None:
+        proc.terminate()
+        deadline = self.clock() + self.config.kill_grace_s
+        while proc.poll() is None and self.clock() < deadline:
+            self.sleep(min(self.config.poll_s, 0.2))
+        if proc.poll() is None:
+            proc.kill()
+
+    def _env(self, chosen: list[str]) -> dict[str, str]:
+        env = dict(self.environ)
+        env["MASTER_ADDR"] = master_addr(chosen[0], self.environ)
+        env["MASTER_PORT"] = str(self.port())
+        env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
+        env["SLURM_FT_ATTEMPT"] = str(self.attempts)
+        if self.resume_step is not None and self.attempts == 1:
+            env[ft_env.PREFIX + ft_env.RESUME_STEP] = str(self.resume_step)
+        else:  # later attempts resume from the newest committed checkpoint
+            env.pop(ft_env.PREFIX + ft_env.RESUME_STEP, None)
+        return env
+
+    def _recoverable(self) -> bool:
+        """Judge the attempt's error files (earliest first) as the monitor would, inside the allocation."""
+        errors = read_errors(self.config.run_dir)
+        if self.classify_fn is None or not errors:
+            return True  # no evidence of a code bug: a rank or node died, try again
+        from slurm_ft.classify.records import Evidence
+
+        verdict = self.classify_fn(Evidence(errors=tuple(errors), in_allocation=True))
+        self._event("verdict", attempt=self.attempts, root_cause_rank=errors[0].rank, verdict=verdict.to_dict())
+        return bool(verdict.recoverable)
+
+    def _archive(self, attempt: int) -> None:
+        """Move the last attempt's heartbeats and error files to ``attempt-<N>/``."""
+        dest = self.config.run_dir / f"attempt-{attempt}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for pattern in (HEARTBEAT_GLOB, ERROR_GLOB):
+            for path in self.config.run_dir.glob(pattern):
+                if path.is_file() and not path.is_symlink():
+                    os.replace(path, dest / path.name)
+
+    def _exit(self, code: int, why: str, **fields: Any) -> int:
+        self._event("exit", code=code, why=why, attempts=self.attempts, **fields)
+        return code
+
+    def _event(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "time": round(self.clock(), 3), **fields}
+        line = json.dumps(record, default=str)
+        log.info(line)
+        try:
+            self.config.run_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.config.run_dir / EVENTS_FILE, "a") as fh:
+                fh.write(line + "\n")
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.config.run_dir / EVENTS_FILE, exc)
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> None:
+    parser = subparsers.add_parser(name, help="run the training command over the allocation, restarting on faults",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, help="nodes per attempt (default: allocation minus spares)")
+    parser.add_argument("--ntasks-per-node", type=int, default=1, help="ranks per node (default 1)")
+    parser.add_argument("--hang-timeout", type=float, help="seconds without heartbeat progress = hang (0 off)")
+    parser.add_argument("--startup-grace", type=float, default=60.0, help="seconds before hang checks start")
+    parser.add_argument("--max-restarts", type=int, help="in-place restarts (default $SLURM_FT_MAX_RESTARTS or 3)")
+    parser.add_argument("--spare-nodes", type=int, help="allocation nodes held back as spares")
+    parser.add_argument("--run-dir", help="heartbeats/error files (default $SLURM_FT_RUN_DIR or <ckpt>/.slurm-ft)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
+    parser.set_defaults(func=_main)
+
+
+def _int_setting(value: int | None, name: str, default: int, environ: Mapping[str, str]) -> int:
+    if value is not None:
+        return value
+    text = ft_env.job_setting(name, environ)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise SlurmFtError(f"launch: {ft_env.PREFIX}{name} must be an integer, got {text!r}") from None
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchConfig:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    hang = args.hang_timeout
+    if hang is None:
+        text = ft_env.job_setting(ft_env.HANG_TIMEOUT, environ)
+        try:
+            hang = float(text) if text else 300.0
+        except ValueError:
+            raise SlurmFtError(f"launch: {ft_env.PREFIX}{ft_env.HANG_TIMEOUT} must be a number, got {text!r}") from None
+    ckpt = ft_env.job_setting(ft_env.CKPT_DIR, environ)
+    run_dir = args.run_dir or ft_env.job_setting(ft_env.RUN_DIR, environ) or (
+        str(run_dir_for(ckpt)) if ckpt else f".slurm-ft-{environ.get('SLURM_JOB_ID', 'local')}")
+    try:
+        return LaunchConfig(command=tuple(command), nodes=args.nodes, ntasks_per_node=args.ntasks_per_node,
+                            hang_timeout_s=hang, startup_grace_s=args.startup_grace,
+                            max_restarts=_int_setting(args.max_restarts, ft_env.MAX_RESTARTS, 3, environ),
+                            spare_nodes=_int_setting(args.spare_nodes, ft_env.SPARE_NODES, 0, environ),
+                            run_dir=Path(run_dir).absolute())
+    except ValueError as exc:
+        raise SlurmFtError(f"launch: {exc}") from exc
+
+
+def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> None:
+    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job (skipped when not writable)."""
+    from slurm_ft import config as ft_config
+    from slurm_ft.monitor import FtJob, write_registration
+
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    try:
+        state = ft_config.state_dir()
+        write_registration(state, FtJob(job_id=int(job_id), ckpt_dir=ft_env.job_setting(ft_env.CKPT_DIR, environ) or "",
+                                        run_dir=str(config.run_dir), max_restarts=config.max_restarts,
+                                        user_id=os.getuid()))
+    except OSError as exc:
+        log.info("not registered with the monitor (%s)", exc)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from slurm_ft.monitor import parse_resume_step
+    from slurm_ft.slurm.parsers import expand_hostlist
+
+    environ = dict(os.environ)
+    config = config_from_args(args, environ)
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise SlurmFtError("launch: not inside a Slurm allocation (SLURM_JOB_NODELIST is unset)")
+    allocation = expand_hostlist(nodelist)
+    _register_with_monitor(config, environ)
+    client = _client()
+    resume = ft_env.job_setting(ft_env.RESUME_STEP, environ)
+    resume_step = int(resume) if resume and resume.isdigit() else None
+    job_id = environ.get("SLURM_JOB_ID", "")
+    if resume_step is None and client is not None and job_id.isdigit():
+        try:
+            job = client.job(int(job_id))
+            resume_step = parse_resume_step(job.comment) if job is not None else None
+        except SlurmFtError as exc:
+            log.info("no resume hint: %s", exc)
+
+    def node_states() -> dict[str, NodeInfo]:
+        return {n.name: n for n in client.nodes()} if client is not None else {}
+
+    from slurm_ft.classify import classify
+
+    launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
+                        classify_fn=classify, resume_step=resume_step)
+    return launcher.run()
+
+
+def _client():
+    try:
+        from slurm_ft.slurm.backend import make_client
+
+        return make_client()
+    except (SlurmFtError, OSError) as exc:
+        log.info("no Slurm client: %s", exc)
+        return None

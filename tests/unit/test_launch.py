@@ -1,0 +1,193 @@
+"""The launcher's restart loop with a fake process runner and a fake clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_ft.classify.taxonomy import Action, Category, Verdict
+from slurm_ft.launch import (EX_TEMPFAIL, HangWatch, LaunchConfig, Launcher, choose_nodes, config_from_args,
+                             register, unhealthy)
+from slurm_ft.slurm.types import NodeInfo
+from slurm_ft.train.records import ErrorRecord, Heartbeat, write_error, write_heartbeat
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Script:
+    """One fake srun: writes heartbeats on each poll up to ``hang_after`` steps, then exits with ``code``."""
+
+    def __init__(self, run_dir, *, ranks=2, steps=3, code=0, hang_after=None, error=None) -> None:
+        self.run_dir, self.ranks, self.steps, self.code, self.hang_after, self.error = \
+            run_dir, ranks, steps, code, hang_after, error
+        self.polls = 0
+        self.terminated = self.killed = False
+
+    def poll(self):
+        if self.killed:
+            return -9
+        self.polls += 1
+        step = min(self.polls, self.hang_after or self.polls)
+        for rank in range(self.ranks):
+            write_heartbeat(self.run_dir, Heartbeat(rank=rank, step=step, time=0.0))
+        if self.hang_after is None and self.polls >= self.steps:
+            if self.error is not None:
+                write_error(self.run_dir, self.error)
+            return self.code
+        return None
+
+    def terminate(self):
+        self.terminated = True  # a SIGSTOPped rank ignores SIGTERM: only kill() ends it
+
+    def kill(self):
+        self.killed = True
+
+
+class Runner:
+    def __init__(self, scripts) -> None:
+        self.scripts = list(scripts)
+        self.calls = []
+
+    def __call__(self, argv, env):
+        self.calls.append((list(argv), dict(env)))
+        return self.scripts[len(self.calls) - 1]
+
+
+def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn=None, **cfg):
+    clock = Clock()
+    config = LaunchConfig(command=("python", "train.py"), run_dir=tmp_path / "run", poll_s=1.0,
+                          hang_timeout_s=cfg.pop("hang_timeout_s", 10.0), startup_grace_s=cfg.pop("grace", 5.0),
+                          kill_grace_s=3.0, **cfg)
+    runner = Runner(scripts)
+    ports = iter(range(29500, 29600))
+    launcher = Launcher(config, allocation=allocation, environ={"PATH": "/bin"}, runner=runner,
+                        node_states=(lambda: states[0]) if states is not None else None, classify_fn=classify_fn,
+                        clock=clock, sleep=clock.sleep, port=lambda: next(ports), resume_step=7)
+    return launcher, runner, clock
+
+
+def events(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+
+
+def test_config_validation_names_field(tmp_path):
+    with pytest.raises(ValueError, match="command"):
+        LaunchConfig(command=())
+    with pytest.raises(ValueError, match="max_restarts"):
+        LaunchConfig(command=("x",), max_restarts=-1)
+    with pytest.raises(ValueError, match="hang_timeout_s"):
+        LaunchConfig(command=("x",), hang_timeout_s=-1)
+
+
+def test_success_first_try_builds_srun_and_env(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [Script(run)])
+    assert launcher.run() == 0
+    argv, env = runner.calls[0]
+    assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
+                        "--kill-on-bad-exit=1"]
+    assert argv[6:] == ["python", "train.py"]
+    assert env["MASTER_PORT"] == "29500" and env["SLURM_FT_RUN_DIR"] == str(run)
+    assert env["SLURM_FT_RESUME_STEP"] == "7"
+    assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
+
+
+def test_hang_detected_within_timeout_and_killed_then_restarted(tmp_path):
+    run = tmp_path / "run"
+    hung = Script(run, hang_after=2)
+    launcher, runner, clock = make(tmp_path, [hung, Script(run)])
+    assert launcher.run() == 0
+    assert hung.terminated and hung.killed  # SIGTERM ignored -> SIGKILL after the grace
+    fault = next(e for e in events(tmp_path) if e["event"] == "fault_detected")
+    assert fault["kind"] == "hung"
+    # the step stopped advancing at t=1001 (2nd poll); the grace ends at 1005; detection <= 1005 + 10 + one poll
+    assert fault["time"] - 1005.0 <= 10.0 + 1.0
+    assert fault["time"] - 1005.0 >= 10.0
+    assert len(runner.calls) == 2
+    assert runner.calls[0][1]["MASTER_PORT"] != runner.calls[1][1]["MASTER_PORT"]  # a fresh port per attempt
+    assert "SLURM_FT_RESUME_STEP" not in runner.calls[1][1]  # later attempts resume from the newest checkpoint
+    assert (run / "attempt-1" / "heartbeat.rank0.json").exists()  # evidence kept aside
+
+
+def test_failure_on_healthy_nodes_restarts_in_place(tmp_path):
+    run = tmp_path / "run"
+    states = [{"n1": NodeInfo(name="n1", state=frozenset({"ALLOCATED"})),
+               "n2": NodeInfo(name="n2", state=frozenset({"ALLOCATED"}))}]
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1), Script(run)], states=states)
+    assert launcher.run() == 0
+    assert [c[0][4] for c in runner.calls] == ["--nodelist=n1,n2", "--nodelist=n1,n2"]
+    assert "restart_in_place" in [e["event"] for e in events(tmp_path)]
+
+
+def test_unhealthy_node_swapped_for_a_spare_without_using_a_retry(tmp_path):
+    run = tmp_path / "run"
+    states = [{"n2": NodeInfo(name="n2", state=frozenset({"DOWN", "NOT_RESPONDING"}))}]
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1), Script(run)], allocation=("n1", "n2", "n3"),
+                               states=states, spare_nodes=1, max_restarts=0)
+    assert launcher.run() == 0
+    assert [c[0][4] for c in runner.calls] == ["--nodelist=n1,n2", "--nodelist=n1,n3"]
+
+
+def test_unhealthy_node_and_no_spare_exits_tempfail(tmp_path):
+    run = tmp_path / "run"
+    states = [{"n2": NodeInfo(name="n2", state=frozenset({"IDLE", "DRAIN"}))}]
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1)], states=states)
+    assert launcher.run() == EX_TEMPFAIL
+    assert len(runner.calls) == 1
+    assert events(tmp_path)[-1]["why"] == "node unhealthy and no spare left"
+
+
+def test_user_error_is_not_restarted(tmp_path):
+    run = tmp_path / "run"
+    error = ErrorRecord(rank=1, time=5.0, exc_type="ZeroDivisionError", message="division by zero")
+    judged = []
+
+    def judge(ev):
+        judged.append(ev)
+        return Verdict(category=Category.USER_CODE, recoverable=False, action=Action.STOP)
+
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1, error=error)], classify_fn=judge)
+    assert launcher.run() == 1
+    assert len(runner.calls) == 1
+    assert judged[0].errors[0].rank == 1 and judged[0].in_allocation
+
+
+def test_restart_budget_is_bounded(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [Script(run, code=3) for _ in range(5)], max_restarts=2)
+    assert launcher.run() == 3
+    assert len(runner.calls) == 3
+
+
+def test_pure_helpers():
+    assert choose_nodes(["a", "b", "c"], wanted=2, bad={"a"}) == ["b", "c"]
+    assert choose_nodes(["a", "b"], wanted=2, bad={"a"}) is None
+    assert unhealthy(["a", "b"], {"a": NodeInfo(name="a", state=frozenset({"MIXED", "DRAIN"}))}) == {"a"}
+    watch = HangWatch(2, 0.0, timeout_s=10, grace_s=5)
+    watch.update([Heartbeat(rank=0, step=1, time=0), Heartbeat(rank=1, step=1, time=0)], 1.0)
+    assert watch.hung(14.0) == []
+    watch.update([Heartbeat(rank=0, step=2, time=0)], 14.0)
+    assert watch.hung(15.0) == [1]
+
+
+def test_cli_parses_after_double_dash(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    register(sub, "launch")
+    args = parser.parse_args(["launch", "--hang-timeout", "30", "--max-restarts", "2", "--", "python", "-m", "x"])
+    config = config_from_args(args, {"SLURM_FT_CKPT_DIR": str(tmp_path)})
+    assert config.command == ("python", "-m", "x")
+    assert config.hang_timeout_s == 30 and config.max_restarts == 2
+    assert config.run_dir == tmp_path / ".slurm-ft"

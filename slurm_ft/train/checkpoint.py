@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -38,7 +39,7 @@ from slurm_ft.train import layout
 
 log = logging.getLogger("slurm_ft.train.checkpoint")
 # Single-process saves pass no_dist=True on purpose; DCP's "assuming single process" warning is noise then.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized, assuming")
 
 TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": os._exit(17) there
 CRASH_POINTS = ("after_local_state", "after_shards", "before_manifest", "after_manifest", "after_rename",
@@ -347,8 +348,8 @@ class CheckpointManager:
             self._write_and_commit_or_raise(result.step, state, local, tmp, group)
             result.ok = True
             log.info("checkpoint step %d committed (%.2fs)", result.step, time.monotonic() - start)
-        except Exception as exc:  # noqa: BLE001 - a failed save must not kill training; it is reported
-            result.error = f"{type(exc).__name__}: {exc}"
+        except (Exception, CheckpointException) as exc:  # a failed save must not kill training; it is reported
+            result.error = _describe(exc) + _free_space_note(self.dir)
             log.error("checkpoint step %d FAILED, previous checkpoints kept: %s", result.step, result.error)
             if self.rank == 0:
                 _remove_tree(tmp)
@@ -458,6 +459,24 @@ class CheckpointManager:
         else:
             log.warning("world size changed %d -> %d: resharded; RNG states not restored",
                         manifest.world_size, self.world_size)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line per failure; DCP's CheckpointException (a BaseException) carries one error per rank."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {rank}: {_describe(err)}" for rank, err in sorted(exc.failures.items()))
+    if isinstance(exc, tuple):  # DCP stores (exception, traceback) pairs
+        return _describe(exc[0])
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _free_space_note(path: Path) -> str:
+    """torch's zip writer hides ENOSPC behind odd messages: say how much space is left."""
+    import shutil
+    try:
+        return f" (free space in {path}: {shutil.disk_usage(path).free} bytes)"
+    except OSError:
+        return ""
 
 
 def _remove_tree(path: Path) -> None:

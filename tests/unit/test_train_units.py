@@ -1,0 +1,89 @@
+"""Training-side units: checkpoint config, heartbeats, error files, trainer argument parsing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from slurm_ft.errors import SlurmFtError
+from slurm_ft.train import records
+from slurm_ft.train.errors import record_errors
+from slurm_ft.train.heartbeat import HeartbeatWriter
+
+
+def test_train_package_import_is_torch_free():
+    import subprocess
+    code = "import sys, slurm_ft.train, slurm_ft.train.layout, slurm_ft.train.heartbeat; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"dir": ""}, "dir"), ({"dir": "/x", "every": 0}, "every"), ({"dir": "/x", "keep_last": 0}, "keep_last"),
+    ({"dir": "/x", "keep_every": -1}, "keep_every"), ({"dir": "/x", "every": "5"}, "every"),
+    ({"dir": "/x", "emergency_deadline_s": 0}, "emergency_deadline_s"), ({"dir": "/x", "async_save": 1}, "async_save"),
+])
+def test_checkpoint_config_names_bad_field(kwargs, field):
+    from slurm_ft.train.checkpoint import CheckpointConfig
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        CheckpointConfig(**kwargs)
+
+
+def test_checkpoint_config_from_env_precedence():
+    from slurm_ft.train.checkpoint import CheckpointConfig
+    cfg = CheckpointConfig.from_env({"SLURM_SPANK_FT_CKPT_DIR": "/spank", "SLURM_FT_CKPT_DIR": "/ft",
+                                     "SPANK_FT_CKPT_EVERY": "7"})
+    assert (cfg.dir, cfg.every) == ("/ft", 7)
+    assert CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft"}, every=3, keep_last=2).every == 3
+    with pytest.raises(SlurmFtError, match="'seven'"):
+        CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft", "SLURM_FT_CKPT_EVERY": "seven"})
+    with pytest.raises(SlurmFtError, match="^dir: "):
+        CheckpointConfig.from_env({})
+
+
+def test_heartbeat_writes_record_and_respects_interval(tmp_path):
+    now = [100.0]
+    writer = HeartbeatWriter(tmp_path, 3, interval_s=5.0, clock=lambda: now[0])
+    assert writer.beat(1)
+    now[0] = 102.0
+    assert not writer.beat(2)
+    assert writer.beat(2, force=True)
+    [beat] = records.read_heartbeats(tmp_path)
+    assert (beat.rank, beat.step, beat.time) == (3, 2, 102.0)
+    with pytest.raises(ValueError, match="rank"):
+        HeartbeatWriter(tmp_path, -1)
+
+
+def test_record_errors_writes_error_file_and_reraises(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        with record_errors(tmp_path, 1, clock=lambda: 5.0) as tracker:
+            tracker.step = 42
+            1 / 0
+    [err] = records.read_errors(tmp_path)
+    assert (err.rank, err.exc_type, err.step, err.time) == (1, "ZeroDivisionError", 42, 5.0)
+    assert "1 / 0" in err.traceback
+
+
+def test_record_errors_ignores_clean_exit(tmp_path):
+    with pytest.raises(SystemExit):
+        with record_errors(tmp_path, 0):
+            raise SystemExit(0)
+    assert records.read_errors(tmp_path) == []
+
+
+def test_example_fault_spec_parsing():
+    from slurm_ft.train import example
+    args = example.parse_args(["--steps", "3", "--ckpt-dir", "/x", "--fail-at", "1:7"])
+    assert args.fail_at == (1, 7) and args.crash_at is None
+    with pytest.raises(SystemExit):
+        example.parse_args(["--steps", "3", "--ckpt-dir", "/x", "--crash-at", "one"])
+
+
+def test_example_batches_are_a_pure_function_of_seed_and_step():
+    from slurm_ft.train.example import batch
+    x1, _ = batch(0, 5, 0, 1)
+    x2, _ = batch(0, 5, 0, 1)
+    assert x1.equal(x2) and not x1.equal(batch(0, 6, 0, 1)[0])
+    halves = [batch(0, 5, r, 2)[0] for r in (0, 1)]
+    assert halves[0].shape[0] + halves[1].shape[0] == x1.shape[0]

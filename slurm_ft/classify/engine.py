@@ -293,7 +293,7 @@ def _error_findings(record: ErrorRecord, rules: Rules, scan) -> list[Finding]:
     label = f"rank {record.rank}" + (f" ({record.host})" if record.host else "") + " error file"
     hits = scan(rules, "error", text)
     found = list(_hit_findings(hits, rules, label, "error", rank=record.rank, node=record.host, time=record.time,
-                               limit=rules.limits.max_findings_per_text))
+                               limit=rules.limits.max_findings_per_text, first_line_is_type=True))
     if not any(not f.rule.generic for f in found):
         rule = rules.exception(record.exc_type)
         if rule is not None:
@@ -321,8 +321,12 @@ def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEven
 
 
 def _hit_findings(hits: list[LineHit], rules: Rules, label: str, kind: str, *, rank: int | None, node: str,
-                  time: float | None, limit: int, per_line: bool = False) -> Iterator[Finding]:
-    """Findings for scanned lines. ``per_line``: a generic match counts only on a line no specific rule matched."""
+                  time: float | None, limit: int, per_line: bool = False,
+                  first_line_is_type: bool = False) -> Iterator[Finding]:
+    """Findings for scanned lines. ``per_line``: a generic match counts only on a line no specific rule matched.
+
+    ``first_line_is_type``: line 0 is an error file's ``exc_type: message``, judged by the caller.
+    """
     emitted = 0
     for hit in hits:
         if emitted >= limit:
@@ -336,7 +340,7 @@ def _hit_findings(hits: list[LineHit], rules: Rules, label: str, kind: str, *, r
             found_node = groups.get("node") or node
             yield Finding(sig.rule, f"{label}: {_clip(hit.line)}", kind, node=found_node, rank=sig_rank, time=time)
             emitted += 1
-        if not chosen and hit.exception is not None:
+        if not chosen and hit.exception is not None and not (first_line_is_type and hit.pos == 0):
             rule = rules.exception(hit.exception["exc"])
             if rule is not None:
                 yield Finding(rule, f"{label}: {_clip(hit.line)}", kind, node=node, rank=line_rank, time=time)

@@ -4,7 +4,7 @@
 shipped ``rules.toml`` plus site overrides. Nothing here imports torch.
 """
 
-from slurm_ft.classify.engine import classify
+from slurm_ft.classify.engine import classify, explain
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import Rules, default_rules, load_rules
 from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
@@ -12,6 +12,6 @@ from slurm_ft.classify.xid import XidInfo, XidKind, load_xid_table, parse_kmsg_x
 
 __all__ = [
     "Action", "Category", "Culprit", "Evidence", "JobEnd", "LogTail", "NodeEvent", "Rules", "Verdict", "XidInfo",
-    "XidKind", "classify", "default_rules", "error_record_from_dict", "load_rules", "load_xid_table",
+    "XidKind", "classify", "default_rules", "error_record_from_dict", "explain", "load_rules", "load_xid_table",
     "parse_kmsg_xids", "parse_xid_line", "xid_info",
 ]

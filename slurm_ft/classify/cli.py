@@ -22,7 +22,7 @@ import signal as signal_mod
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.classify.engine import classify
+from slurm_ft.classify.engine import classify, explain
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import load_rules
 from slurm_ft.classify.taxonomy import Verdict
@@ -63,7 +63,9 @@ def register(subparsers: Any, name: str) -> None:
     p.add_argument("--rules", action="append", default=[], metavar="PATH", help="extra rules TOML (repeatable)")
     p.add_argument("--in-allocation", action="store_true",
                    help="the allocation is still alive: prefer restart_in_place where recoverable")
-    p.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    out.add_argument("--explain", action="store_true", help="also list every finding weighed, strongest first")
     p.set_defaults(func=run)
 
 
@@ -72,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
     evidence = build_evidence(args)
     verdict = classify(evidence, rules)
     print(json.dumps(verdict.to_dict()) if args.json else format_verdict(verdict))
+    if args.explain:
+        print("findings (strongest first):")
+        for f in explain(evidence, rules):
+            where = ", ".join(x for x in (f.node, f"rank {f.rank}" if f.rank is not None else "") if x)
+            role = "secondary" if f.rule.secondary else ("generic" if f.rule.generic else "primary")
+            print(f"  {f.priority:>3} {f.category.value:<13} {role:<9} {f.rule.id} [{where or '-'}]: {f.evidence}")
     return 0
 
 

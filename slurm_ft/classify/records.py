@@ -30,7 +30,9 @@ class JobEnd:
     job_id: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "state", str(self.state).strip().upper())
+        # "CANCELLED by 1000" (squeue), "CANCELLED+" (sacct) -> "CANCELLED"
+        words = str(self.state).strip().upper().split()
+        object.__setattr__(self, "state", words[0].rstrip("+") if words else "")
         object.__setattr__(self, "nodes", tuple(self.nodes))
 
     @classmethod

@@ -66,6 +66,9 @@ def test_readable_verdict(tmp_path, capsys):
     assert code == 0
     assert out.splitlines()[:3] == ["category:   user_code", "action:     stop (not recoverable)", "culprit:    ranks 3"]
     assert "  - rank 3 log: KeyError: 'labels'" in out
+    code, out, _ = _run(capsys, "--log", f"3:{log}", "--explain")
+    assert code == 0 and "findings (strongest first):" in out
+    assert "   40 user_code     generic   exception.KeyError [rank 3]: rank 3 log: KeyError: 'labels'" in out
 
 
 def test_error_files_node_reports_nvml_and_flags(tmp_path, capsys):

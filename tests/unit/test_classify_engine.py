@@ -113,6 +113,8 @@ def test_from_node_reports_merges_and_dedupes():
 def test_adapters_from_slurm_records():
     job = JobEnd.from_job_info(JobInfo(job_id=4, state=JobState.NODE_FAIL, nodes=("n1",), exit_code=0, exit_signal=9))
     assert (job.state, job.signal, job.job_id) == ("NODE_FAIL", 9, 4)
+    assert JobEnd(state="CANCELLED by 1000").state == JobEnd(state="cancelled+").state == "CANCELLED"
+    assert classify(Evidence(job=JobEnd(state="CANCELLED by 0"))).action is Action.NONE
     node = NodeEvent.from_node_info(NodeInfo(name="n1", state=frozenset({"down", "NOT_RESPONDING"}), reason="x"))
     assert node.state == frozenset({"DOWN", "NOT_RESPONDING"})
     with pytest.raises(ValueError, match="source"):

@@ -212,6 +212,7 @@ class Launcher:
             raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
                                f"({', '.join(self.allocation) or 'empty'}) with {config.spare_nodes} spare(s)")
         self.attempts = 0
+        self._last_root: tuple[Any, ...] | None = None
 
     def run(self) -> int:
         retries_left = self.config.max_restarts
@@ -307,8 +308,17 @@ class Launcher:
     def _recoverable(self) -> bool:
         """Judge the attempt's error files (earliest first) as the monitor would, inside the allocation."""
         errors = read_errors(self.config.run_dir)
-        if self.classify_fn is None or not errors:
+        if not errors:
             return True  # no evidence of a code bug: a rank or node died, try again
+        root = errors[0]
+        key = (root.rank, root.exc_type, root.step)
+        repeated, self._last_root = key == self._last_root, key
+        if repeated:  # the same rank failed the same way at the same step again: deterministic, not a fault
+            self._event("repeated_root_cause", attempt=self.attempts, rank=root.rank, exc_type=root.exc_type,
+                        step=root.step)
+            return False
+        if self.classify_fn is None:
+            return True
         from slurm_ft.classify.records import Evidence
 
         verdict = self.classify_fn(Evidence(errors=tuple(errors), in_allocation=True))

@@ -191,3 +191,15 @@ def test_cli_parses_after_double_dash(tmp_path):
     assert config.command == ("python", "-m", "x")
     assert config.hang_timeout_s == 30 and config.max_restarts == 2
     assert config.run_dir == tmp_path / ".slurm-ft"
+
+
+def test_same_root_cause_twice_stops_even_when_the_verdict_says_recoverable(tmp_path):
+    run = tmp_path / "run"
+    error = ErrorRecord(rank=1, time=5.0, exc_type="InjectedFault", message="boom", step=5)
+    scripts = [Script(run, code=1, error=error) for _ in range(4)]
+    launcher, runner, _ = make(tmp_path, scripts, max_restarts=3,
+                               classify_fn=lambda ev: Verdict(category=Category.UNKNOWN, recoverable=True,
+                                                              action=Action.RESTART_IN_PLACE))
+    assert launcher.run() == 1
+    assert len(runner.calls) == 2
+    assert "repeated_root_cause" in [e["event"] for e in events(tmp_path)]

@@ -1,0 +1,44 @@
+"""Topology judgement (pure) and revalidate() in a single process."""
+
+import socket
+
+import pytest
+
+from slurm_ft.train import topology
+from slurm_ft.train.topology import Observed, TopologyError, judge
+
+
+def _obs(**kw):
+    base = dict(world_size=4, rank_hosts=["n1", "n1", "n2", "n2"], allocated_nodes=["n1", "n2"], expected_tasks=4,
+                excluded_nodes=[], checkpoint_world_size=4)
+    return Observed(**{**base, **kw})
+
+
+def test_healthy_topology_has_no_problems():
+    assert judge(_obs()) == []
+
+
+def test_judge_names_ranks_and_nodes():
+    assert judge(_obs(expected_tasks=8)) == ["world size 4 != SLURM_NTASKS 8"]
+    [msg] = judge(_obs(rank_hosts=["n1", "n1", "n3", "n3"]))
+    assert "ranks [2, 3]" in msg and "'n3'" in msg
+    [msg] = judge(_obs(excluded_nodes=["n2"]))
+    assert msg == "ranks [2, 3] run on excluded node 'n2'"
+    assert "all-reduce check failed: boom" in judge(_obs(allreduce_ok=False, allreduce_error="boom"))
+    assert "below floor" in judge(_obs(bandwidth_gbps=0.5), min_bandwidth_gbps=1.0)[0]
+    assert judge(_obs(bandwidth_gbps=0.5)) == []  # floor off by default
+
+
+def test_revalidate_single_process_reports_resharding_and_excluded(tmp_path):
+    from slurm_ft.train import layout
+    tmp = tmp_path / layout.tmp_dir_name(3, "aa")
+    tmp.mkdir()
+    layout.commit(tmp, layout.step_dir(tmp_path, 3), layout.Manifest(step=3, world_size=2, files={}))
+    env = {"SLURMD_NODENAME": "n1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "1"}
+    report = topology.revalidate(ckpt_dir=tmp_path, environ=env)
+    assert report.resharding == (2, 1) and report.rank_hosts == ["n1"]
+    with pytest.raises(TopologyError, match="ranks \\[0\\] run on excluded node 'n1'"):
+        topology.revalidate(environ={**env, "SLURM_FT_EXCLUDED_NODES": "n[1,3]"})
+    with pytest.raises(TopologyError, match="SLURM_NTASKS 2"):
+        topology.revalidate(environ={**env, "SLURM_NTASKS": "2"})
+    assert topology.revalidate(environ={}).rank_hosts == [socket.gethostname()]

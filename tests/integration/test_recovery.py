@@ -23,7 +23,7 @@ STEPS = 16
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
-def _script(ckpt: Path, *trainer_args: str, first_attempt_only: str = "") -> str:
+def _script(ckpt: Path, *trainer_args: str, first_attempt_only: str = "", hang_timeout: int = 120) -> str:
     """The batch script. ``first_attempt_only``: trainer flags given only on the launcher's first attempt
     (the example trainer re-fires ``--crash-at`` after resuming from an earlier checkpoint)."""
     trainer = " ".join([sys.executable, "-m", "slurm_ft.train.example", "--steps", str(STEPS), "--ckpt-every", "4",
@@ -32,7 +32,7 @@ def _script(ckpt: Path, *trainer_args: str, first_attempt_only: str = "") -> str
         trainer = (f"/bin/bash -c 'if [ \"$SLURM_FT_ATTEMPT\" = 1 ]; then x=\"{first_attempt_only}\"; fi;"
                    f" exec {trainer} $x'")
     return (f"export SLURM_FT_CKPT_DIR={ckpt}\n"
-            f"exec {sys.executable} -m slurm_ft.cli launch --hang-timeout 120 --startup-grace 60 --max-restarts 2"
+            f"exec {sys.executable} -m slurm_ft.cli launch --hang-timeout {hang_timeout} --startup-grace 30 --max-restarts 2"
             f" -- {trainer}\n")
 
 
@@ -93,5 +93,26 @@ def test_user_error_stops_after_one_attempt_with_verdict(lab, tmp_path):
                          f"verdict={failed[0]['verdict']['category']}, comment={comment!r})")
         assert "InjectedFault" in comment
         assert lab.client().job(job_id).state.value == "FAILED"  # not requeued
+    finally:
+        cancel(lab, job_id)
+
+
+def test_hung_rank_detected_within_hang_timeout_and_restarted(lab, tmp_path):
+    env = lab_env(lab, SLURM_FT_STATE_DIR=str(jobs_dir(lab) / f"state-{tmp_path.name}"))
+    ckpt = jobs_dir(lab) / f"ck-hang-{tmp_path.name}"
+    job_id = submit(lab, _script(ckpt, first_attempt_only="--hang-at 1:6", hang_timeout=8), "-N2", "-J", "rec-hang",
+                    env=env)
+    try:
+        info = wait_job(lab, job_id, TERMINAL, timeout=240)
+        assert info.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
+        assert _result(output_of(lab, job_id))["step"] == STEPS
+        events = _events(ckpt)
+        fault = next(e for e in events if e["event"] == "fault_detected")
+        assert fault["kind"] == "hung" and 1 in fault["hung_ranks"]
+        beats = json.loads((ckpt / ".slurm-ft" / "attempt-1" / "heartbeat.rank1.json").read_text())
+        assert beats["step"] == 5  # rank 1 stopped before step 6
+        # detected within the hang timeout of the last progress (plus polling and grace slack)
+        assert fault["time"] - beats["time"] <= 8 + 30 + 2
+        assert [e["event"] for e in events].count("attempt_start") == 2
     finally:
         cancel(lab, job_id)

@@ -11,8 +11,8 @@ the node at once, so the next job does not land on it. The epilog always exits 0
 a healthy cluster.
 
 Both: no shell, no user-controlled symlinks followed, job files read only when owned by the job's uid, every
-step bounded in time. The prolog also leaves ``<node>.prolog.json`` next to the report (when it ran, what it
-found). State and store:
+step bounded in time. The prolog also leaves ``<state_dir>/prolog/<job_id>/<node>.json`` (when it ran, what it
+found) and, for an ``--ft`` job, the monitor's registry entry ``<state_dir>/jobs/<job_id>.json``. State and store:
 
 - ``state_dir`` (top-level key of the site config): where ``reports/`` and ``quarantine.db`` live.
 - ``[hooks] use_quarantine_store``: set it false where ``state_dir`` is not local to the node (SQLite WAL
@@ -154,6 +154,13 @@ class Settings:
 
     def report_dir(self, job_id: int) -> Path:
         return self.state_dir / "reports" / str(int(job_id))
+
+    def prolog_record_path(self, job_id: int, node: str) -> Path:
+        return self.state_dir / "prolog" / str(int(job_id)) / f"{node}.json"
+
+    def registry_path(self, job_id: int) -> Path:
+        """The monitor's job registry entry (slurm_ft.monitor.registry_path: same layout, not imported: slow)."""
+        return self.state_dir / "jobs" / f"{int(job_id)}.json"
 
 
 @dataclasses.dataclass(slots=True)
@@ -309,7 +316,9 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
     for note in facts.notes:
         deps.log(f"{label}: note: {note}")
     if ctx.job_id is not None:
-        _write_json(settings.report_dir(ctx.job_id) / f"{ctx.node}.prolog.json", {
+        if ctx.settings.get(env.ENABLED) == "1":
+            _write_json(settings.registry_path(ctx.job_id), _registration(ctx), deps)
+        _write_json(settings.prolog_record_path(ctx.job_id, ctx.node), {
             "job_id": ctx.job_id, "node": ctx.node, "time": facts.time, "passed": not findings,
             "findings": [f.to_dict() for f in findings], "notes": list(facts.notes)}, deps)
     if not findings:
@@ -320,6 +329,13 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
     if not facts.quarantined:
         _quarantine_node(ctx, findings, settings, deps, source="prolog")
     return PROLOG_FAILED
+
+
+def _registration(ctx: JobContext) -> dict[str, Any]:
+    """``{job_id, ckpt_dir, run_dir, max_restarts, user_id}``: marks an --ft job for the monitor (monitor.FtJob)."""
+    max_restarts = _int(ctx.settings.get(env.MAX_RESTARTS))
+    return {"job_id": ctx.job_id, "ckpt_dir": ctx.ckpt_dir or "", "run_dir": ctx.run_dir or "",
+            "max_restarts": max_restarts, "user_id": ctx.uid}
 
 
 def run_health_check(ctx: JobContext, settings: Settings, deps: Deps) -> int:
@@ -389,7 +405,7 @@ def _prolog_record(ctx: JobContext, settings: Settings) -> dict[str, Any]:
     """What this node's prolog recorded for the job (``{}`` when it left nothing readable)."""
     if ctx.job_id is None:
         return {}
-    path = settings.report_dir(ctx.job_id) / f"{ctx.node}.prolog.json"
+    path = settings.prolog_record_path(ctx.job_id, ctx.node)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd) as fh:

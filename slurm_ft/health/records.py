@@ -1,8 +1,8 @@
 """Plain health records: what probes gather and the classifier judges (torch-free, NVML-free).
 
 A node report (written by the epilog, read by the monitor) lives at
-``<state_dir>/reports/<job_id>/<node>.json`` and is ``NodeReport.to_dict()``. Next to it the prolog leaves
-``<node>.prolog.json``: ``{"job_id", "node", "time", "passed", "findings": [{category, check, evidence}], "notes"}``.
+``<state_dir>/reports/<job_id>/<node>.json`` and is ``NodeReport.to_dict()``. The prolog leaves
+``<state_dir>/prolog/<job_id>/<node>.json``: ``{"job_id", "node", "time", "passed", "findings": [...], "notes"}``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ def report(lab, job: int, name: str) -> dict:
     return json.loads((lab.dir / "state" / "reports" / str(job) / name).read_text())
 
 
+def prolog_record(lab, job: int, node: str) -> dict:
+    return json.loads((lab.dir / "state" / "prolog" / str(job) / f"{node}.json").read_text())
+
+
 def test_healthy_node_passes_and_epilog_gathers_error_files(lab, tmp_path) -> None:
     ckpt = lab.dir / "jobs" / "ckpt-epilog"
     script = (f"mkdir -p {ckpt}/.slurm-ft\n"
@@ -42,7 +46,7 @@ def test_healthy_node_passes_and_epilog_gathers_error_files(lab, tmp_path) -> No
     job = submit(lab, script, "-N1", f"--ft-ckpt-dir={ckpt}")
     info = wait_job(lab, job, [JobState.FAILED, JobState.COMPLETED], timeout=60)
     node = info.nodes[0]
-    assert report(lab, job, f"{node}.prolog.json")["passed"] is True
+    assert prolog_record(lab, job, node)["passed"] is True
     got = wait_for(lambda: (lab.dir / "state" / "reports" / str(job) / f"{node}.json").exists(), 30,
                    message="the epilog's node report")
     assert got
@@ -73,8 +77,10 @@ def test_bad_node_fails_the_prolog_is_drained_and_the_job_runs_elsewhere(lab) ->
         info = wait_for(drained, 60, message=f"{victim} to be drained")
         assert info.reason.startswith("slurm-ft: hardware_gpu: Xid 79 on gpu 1: GPU has fallen off the bus."), \
             info.reason
-        prolog = report(lab, job, f"{victim}.prolog.json")
+        prolog = prolog_record(lab, job, victim)
         assert prolog["passed"] is False and prolog["findings"][0]["check"] == "xid"
+        registered = json.loads((lab.dir / "state" / "jobs" / f"{job}.json").read_text())
+        assert registered["job_id"] == job  # --ft: the monitor's registry entry, written by the prolog
 
         done = wait_job(lab, job, [JobState.COMPLETED], timeout=REQUEUE_WAIT_S)
         ran_on = output_of(lab, job).strip()

@@ -95,9 +95,18 @@ def test_context_from_environ() -> None:
 
 def test_healthy_node_passes_and_leaves_a_record(lab: Env) -> None:
     assert lab.run("prolog", job_env()) == 0
-    record = json.loads((lab.state / "reports" / "7" / "n1.prolog.json").read_text())
+    record = json.loads((lab.state / "prolog" / "7" / "n1.json").read_text())
     assert record["passed"] is True and record["findings"] == []
     assert lab.lines[-1] == "slurm-ft prolog job=7 node=n1: ok" and lab.slurm.calls == []
+    assert not (lab.state / "jobs").exists()  # not an --ft job: no registry entry for the monitor
+
+
+def test_an_ft_job_is_registered_for_the_monitor(lab: Env) -> None:
+    assert lab.run("prolog", job_env(SPANK_FT_ENABLED="1", SPANK_FT_CKPT_DIR="/ckpt/x",
+                                     SPANK_FT_MAX_RESTARTS="4")) == 0
+    entry = json.loads((lab.state / "jobs" / "7.json").read_text())
+    assert entry == {"job_id": 7, "ckpt_dir": "/ckpt/x", "run_dir": "/ckpt/x/.slurm-ft", "max_restarts": 4,
+                     "user_id": os.getuid()}
 
 
 def test_bad_node_fails_the_prolog_and_is_quarantined(lab: Env) -> None:
@@ -203,7 +212,7 @@ def test_epilog_writes_the_node_report(lab: Env, tmp_path: Path) -> None:
 
 def test_epilog_kernel_xids_since_the_prolog_quarantine_the_node(lab: Env) -> None:
     assert lab.run("prolog", job_env()) == 0
-    started = json.loads((lab.state / "reports" / "7" / "n1.prolog.json").read_text())["time"]
+    started = json.loads((lab.state / "prolog" / "7" / "n1.json").read_text())["time"]
     old = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started - 60))
     new = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started + 5))
     lab.kmsg = (f"{old} NVRM: Xid (PCI:0000:2a:00): 48, pid=1, DBE\n"

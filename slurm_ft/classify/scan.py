@@ -1,7 +1,7 @@
 """Fast line matching: which signatures, exception lines and Xid lines occur in a text.
 
 Running every regex over every line costs ``lines x signatures`` regex calls. Instead each signature names
-literal keywords that every match contains; keywords are grouped under a few short *anchors* (``"rror"``,
+literal keywords that every match contains; keywords are grouped under a few short *anchors* (``"error"``,
 ``"nccl"`` ...). One ``str.find`` pass per anchor over the lower-cased text finds the few candidate lines,
 and only there are keywords checked and regexes run. ``scan_naive`` is the plain loop, kept as the
 reference the fast path must agree with (tests) and as the benchmark's baseline.
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from slurm_ft.classify.xid import parse_xid_line
 
 # Short substrings shared by many keywords; a keyword containing none of them is its own anchor.
-COARSE_ANCHORS = ("rror", "xception", "nccl", "cuda", "kill", "fail", "abort", "terminat", "cancelled", "timed out",
+COARSE_ANCHORS = ("error", "xception", "nccl", "cuda", "kill", "fail", "abort", "terminat", "cancelled", "timed out",
                   "sig", "errno", "nan", "inf", "finite", "space", "stale", "quota", "connect", "mismatch", "xid", "memory",
                   "respond")
 
@@ -71,11 +71,11 @@ class Scanner:
         self.max_line_chars = max_line_chars
         entries: list[tuple[str, Any]] = [(kw, sig) for sig in self.signatures for kw in sig.keywords]
         if self.exceptions:
-            # Exception lines are looked for on any line with "rror"/"xception"; a table name containing
+            # Exception lines are looked for on any line with "error"/"exception"; a table name containing
             # neither (an admin's "StopIteration") is a keyword of its own.
-            names = {n.lower() for n in exception_names if n != "*"} | {"rror", "xception"}
-            entries += [(name, _EXC) for name in sorted(names) if name in ("rror", "xception")
-                        or ("rror" not in name and "xception" not in name)]
+            names = {n.lower() for n in exception_names if n != "*"} | {"error", "exception"}
+            entries += [(name, _EXC) for name in sorted(names) if name in ("error", "exception")
+                        or ("error" not in name and "exception" not in name)]
         if xids:
             entries.append((XID_KEYWORD, _XID))
         groups: dict[str, dict[str, list[Any]]] = {}

@@ -155,7 +155,7 @@ class MonitorDb:
         self.conn.executescript("""
             CREATE TABLE IF NOT EXISTS jobs (
                 job_id INTEGER PRIMARY KEY, restart_count INTEGER NOT NULL, last_resume_step INTEGER,
-                status TEXT NOT NULL, requeued_at REAL, updated REAL NOT NULL);
+                status TEXT NOT NULL, requeued_at REAL, updated REAL NOT NULL, nodes TEXT);
             CREATE TABLE IF NOT EXISTS actions (
                 job_id INTEGER NOT NULL, restart_count INTEGER NOT NULL, action TEXT NOT NULL,
                 state TEXT NOT NULL, detail TEXT NOT NULL, time REAL NOT NULL,
@@ -166,13 +166,16 @@ class MonitorDb:
         return self.conn.execute("SELECT * FROM jobs WHERE job_id=?", (job_id,)).fetchone()
 
     def set_job(self, job_id: int, *, restart_count: int, status: JobStatus, now: float,
-                last_resume_step: int | None = None, requeued_at: float | None = None) -> None:
+                last_resume_step: int | None = None, requeued_at: float | None = None,
+                nodes: Iterable[str] | None = None) -> None:
         self.conn.execute(
-            "INSERT INTO jobs (job_id, restart_count, last_resume_step, status, requeued_at, updated)"
-            " VALUES (?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET restart_count=excluded.restart_count,"
+            "INSERT INTO jobs (job_id, restart_count, last_resume_step, status, requeued_at, updated, nodes)"
+            " VALUES (?,?,?,?,?,?,?) ON CONFLICT(job_id) DO UPDATE SET restart_count=excluded.restart_count,"
+            " nodes=COALESCE(excluded.nodes, nodes),"
             " last_resume_step=COALESCE(excluded.last_resume_step, last_resume_step), status=excluded.status,"
             " requeued_at=COALESCE(excluded.requeued_at, requeued_at), updated=excluded.updated",
-            (job_id, restart_count, last_resume_step, status.value, requeued_at, now))
+            (job_id, restart_count, last_resume_step, status.value, requeued_at, now,
+             None if nodes is None else json.dumps(list(nodes))))
 
     def action(self, job_id: int, restart_count: int, action: str) -> sqlite3.Row | None:
         return self.conn.execute("SELECT * FROM actions WHERE job_id=? AND restart_count=? AND action=?",
@@ -363,6 +366,8 @@ class Monitor:
             return 0
         self._reconcile(job)
         row = self.db.job(job.job_id)
+        if self._requeued_by_slurm(job, row):
+            return self._adopt(job, ft, nodes, row)
         if not job.state.finished:
             self._watching(job, row)
             return 0
@@ -377,6 +382,42 @@ class Monitor:
             return 0
         return self._judge(job, ft, nodes, row)
 
+    def _requeued_by_slurm(self, job: JobInfo, row: sqlite3.Row | None) -> bool:
+        """Slurm itself requeued the job (JobRequeue=1 after a node failure): pending at a higher restart count
+        than we saw, with no requeue of ours behind it."""
+        return (row is not None and job.state is JobState.PENDING and job.restart_count > row["restart_count"]
+                and row["status"] == JobStatus.WATCHING.value
+                and self.db.action(job.job_id, job.restart_count, "adopt") is None)
+
+    def _adopt(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row) -> int:
+        """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint."""
+        previous = tuple(json.loads(row["nodes"] or "[]"))
+        dead = {n for n in previous if n in nodes and (nodes[n].down or "NOT_RESPONDING" in nodes[n].state)}
+        ended = dataclasses.replace(job, state=JobState.NODE_FAIL if dead else JobState.REQUEUED, nodes=previous)
+        verdict = self.classify_fn(gather_evidence(self.config.state_dir, ended, ft, nodes))
+        self.metrics.failure(verdict.category.value)
+        resume_step = latest_step(ft.ckpt_dir)
+        decision = Decision(requeue=True, category=verdict.category.value, reason="requeued by Slurm",
+                            culprits=tuple(sorted(set(verdict.culprit.nodes) | dead)), resume_step=resume_step)
+        detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
+                  "comment": requeue_comment(job.restart_count, resume_step, decision.category),
+                  "resume_step": resume_step}
+        self._event("job_requeued_by_slurm", job_id=job.job_id, restart_count=job.restart_count,
+                    last_nodes=list(previous), verdict=verdict.to_dict(), dry_run=self.config.dry_run)
+        if self.config.dry_run:
+            return 1
+        self.db.intent(job.job_id, job.restart_count, "adopt", detail, self.clock())
+        self._strike(job, verdict, decision)
+        self.client.update_job(job.job_id, comment=detail["comment"], excluded_nodes=tuple(detail["excluded"]))
+        now = self.clock()
+        self.db.done(job.job_id, job.restart_count, "adopt", now)
+        self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.REQUEUED, now=now,
+                        last_resume_step=resume_step, requeued_at=now)
+        self.metrics.restart()
+        self._event("job_requeued", job_id=job.job_id, restart=job.restart_count, excluded=detail["excluded"],
+                    comment=detail["comment"], by="slurm")
+        return 1
+
     def _watching(self, job: JobInfo, row: sqlite3.Row | None) -> None:
         if row is not None and row["status"] == JobStatus.REQUEUED.value and job.state is JobState.RUNNING \
                 and row["requeued_at"] is not None:
@@ -384,8 +425,9 @@ class Monitor:
             self._event("job_recovered", job_id=job.job_id, restart_count=job.restart_count,
                         recovery_s=round(self.clock() - row["requeued_at"], 3))
             self._set(job, JobStatus.WATCHING)
-        elif row is None:
-            self._set(job, JobStatus.WATCHING)
+        elif row is None or (job.nodes and json.loads(row["nodes"] or "[]") != list(job.nodes)):
+            self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus(row["status"]) if row
+                            else JobStatus.WATCHING, now=self.clock(), nodes=job.nodes or None)
 
     def _judge(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None) -> int:
         evidence = gather_evidence(self.config.state_dir, job, ft, nodes)

@@ -340,3 +340,20 @@ def test_acting_needs_root_or_slurm_user():
     require_actor(False, euid=0)
     with pytest.raises(SlurmFtError, match="root or the SlurmUser"):
         require_actor(False, euid=12345, slurm_user=lambda: "slurm")
+
+
+def test_job_requeued_by_slurm_after_node_failure_gets_exclusion_and_hint(state, tmp_path):
+    ckpt = register_job(state, tmp_path)
+    commit_step(ckpt, 12)
+    running = failed(state=JobState.RUNNING)
+    client = FakeClient([running], [NodeInfo(name="n2", state=frozenset({"DOWN", "NOT_RESPONDING"}))])
+    mon = make(state, client, lambda ev: verdict(nodes=()))
+    mon.poll_once()  # seen running on n1, n2
+    client.jobs_by_id[100] = dataclasses.replace(running, state=JobState.PENDING, nodes=(), restart_count=1)
+    mon.poll_once()  # Slurm requeued it (JobRequeue=1): adopt, do not requeue again
+    mon.poll_once()
+    assert client.count("requeue") == 0
+    assert client.count("update") == 1
+    job = client.jobs_by_id[100]
+    assert job.excluded_nodes == ("n2",)
+    assert job.comment == "slurm-ft: restart=1 resume_step=12 cause=hardware_node"

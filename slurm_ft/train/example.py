@@ -134,6 +134,7 @@ def train(args: argparse.Namespace, rank: int, world: int, tracker: StepTracker,
         topology.revalidate(ckpt_dir=args.ckpt_dir)
     heart = HeartbeatWriter(run_dir, rank)
     start = mgr.resume()
+    loaded_sha = param_sha256(model) if start > 0 else None
     step, emergency = start, False
     while step < args.steps:
         tracker.step = step + 1
@@ -153,7 +154,8 @@ def train(args: argparse.Namespace, rank: int, world: int, tracker: StepTracker,
             emergency = True
             break
     mgr.close()
-    return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start, "world_size": world,
+    return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,
+            "resumed_sha256": loaded_sha, "world_size": world,
             "emergency": emergency, "checkpoint": mgr.stats}
 
 

@@ -47,18 +47,18 @@ def test_kill9_of_one_rank_then_resume_is_bitwise_identical(tmp_path):
     assert resumed["param_sha256"] == clean["param_sha256"]
 
 
+@pytest.mark.slow
 def test_resharding_4_to_2_to_3_loads_identical_full_params(tmp_path):
     ckpt = tmp_path / "ck"
     saved4 = _result(_run(ckpt, 4, "--steps", "2", "--ckpt-every", "2", "--sync"))
     assert layout.read_manifest(layout.step_dir(ckpt, 2)).world_size == 4
-    loaded2 = _result(_run(ckpt, 2, "--steps", "2", "--ckpt-every", "2", "--sync"))
-    assert (loaded2["resumed_from"], loaded2["world_size"]) == (2, 2)
-    assert loaded2["param_sha256"] == saved4["param_sha256"]
-    trained2 = _result(_run(ckpt, 2, "--steps", "4", "--ckpt-every", "2", "--sync"))
+    run2 = _result(_run(ckpt, 2, "--steps", "4", "--ckpt-every", "2", "--sync"))
+    assert (run2["resumed_from"], run2["world_size"]) == (2, 2)
+    assert run2["resumed_sha256"] == saved4["param_sha256"]
     assert layout.read_manifest(layout.step_dir(ckpt, 4)).world_size == 2
-    loaded3 = _result(_run(ckpt, 3, "--steps", "4", "--ckpt-every", "2", "--sync"))
-    assert (loaded3["resumed_from"], loaded3["world_size"]) == (4, 3)
-    assert loaded3["param_sha256"] == trained2["param_sha256"] != saved4["param_sha256"]
+    run3 = _result(_run(ckpt, 3, "--steps", "4", "--ckpt-every", "2", "--sync"))
+    assert (run3["resumed_from"], run3["world_size"]) == (4, 3)
+    assert run3["resumed_sha256"] == run2["param_sha256"] != saved4["param_sha256"]
 
 
 CRASH_ARGS = ("--steps", "4", "--ckpt-every", "2", "--sync")
@@ -69,8 +69,8 @@ def reference_sha(tmp_path_factory):
     return _result(_run(tmp_path_factory.mktemp("ref"), 1, *CRASH_ARGS))["param_sha256"]
 
 
-@pytest.mark.parametrize("point", ["after_local_state", "after_shards", "after_manifest", "after_rename",
-                                   "after_marker"])
+# One point per outcome: temp dir only (also before_manifest/after_manifest), renamed without marker, committed.
+@pytest.mark.parametrize("point", ["after_shards", "after_rename", "after_marker"])
 def test_crash_at_each_commit_point_leaves_a_consistent_checkpoint(tmp_path, point, reference_sha):
     args = CRASH_ARGS
     ckpt = tmp_path / "ck"

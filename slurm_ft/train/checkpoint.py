@@ -331,7 +331,7 @@ class CheckpointManager:
         if not self.wait(timeout=self.config.emergency_deadline_s):
             log.error("emergency save at step %d: previous save still running after %.1fs", step,
                       self.config.emergency_deadline_s)
-        if step == self._last_saved_step and self.results and self.results[-1].ok:
+        if step == self._last_saved_step and (not self.results or self.results[-1].ok):
             log.warning("emergency: step %d already committed", step)
             return
         result = self.save(step, blocking=True)

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +182,10 @@ def commit(tmp_path: Path, final_path: Path, manifest: Manifest, crash_point=lam
         os.fsync(fh.fileno())
     fsync_path(tmp_path)
     crash_point("after_manifest")
-    if final_path.exists():  # an uncommitted leftover of an earlier crash at the same step
-        shutil.rmtree(final_path)
+    displaced = None
+    if final_path.exists():  # a leftover of an earlier attempt at the same step: move aside, delete after
+        displaced = final_path.with_name(tmp_dir_name(manifest.step, uuid.uuid4().hex[:12]))
+        os.rename(final_path, displaced)
     os.rename(tmp_path, final_path)
     fsync_path(final_path.parent)
     crash_point("after_rename")
@@ -191,6 +194,8 @@ def commit(tmp_path: Path, final_path: Path, manifest: Manifest, crash_point=lam
     fsync_path(final_path)
     fsync_path(final_path.parent)
     crash_point("after_fsync")
+    if displaced is not None:
+        shutil.rmtree(displaced, ignore_errors=True)
 
 
 def retained(steps: list[int], keep_last: int, keep_every: int) -> set[int]:

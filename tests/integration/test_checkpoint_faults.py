@@ -184,3 +184,22 @@ def test_emergency_signal_saves_synchronously_and_requests_exit(tmp_path):
         assert layout.committed_steps(tmp_path) == [3] and mgr.results[-1].emergency
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_sigusr1_to_example_trainer_saves_and_exits_cleanly(tmp_path):
+    import json
+    import sys
+    import time
+    cmd = [sys.executable, "-m", "slurm_ft.train.example", "--steps", "1000", "--ckpt-every", "500",
+           "--step-time", "0.05", "--hidden", "8", "--ckpt-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    beat = tmp_path / ".slurm-ft" / "heartbeat.rank0.json"
+    deadline = time.monotonic() + 60
+    while not beat.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["emergency"] and 0 < result["step"] < 1000
+    assert layout.committed_steps(tmp_path) == [result["step"]]

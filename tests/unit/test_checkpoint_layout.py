@@ -75,3 +75,15 @@ def test_retained_is_pure():
 def test_tmp_token_must_be_hex():
     with pytest.raises(ValueError, match="token"):
         layout.tmp_dir_name(1, "../x")
+
+
+def test_recommit_same_step_replaces_previous_tree(tmp_path):
+    _publish(tmp_path, 3, b"old!")
+    (tmp_path / ".tmp-step_00000003-ab12").mkdir()
+    tmp = tmp_path / ".tmp-step_00000003-ab12"
+    (tmp / "__0_0.distcp").write_bytes(b"new!")
+    layout.commit(tmp, layout.step_dir(tmp_path, 3),
+                  layout.Manifest(step=3, world_size=1, files=layout.scan_files(tmp)))
+    assert (layout.step_dir(tmp_path, 3) / "__0_0.distcp").read_bytes() == b"new!"
+    assert layout.verify_files(layout.read_manifest(layout.step_dir(tmp_path, 3))) == []
+    assert not list(tmp_path.glob(".tmp-*"))

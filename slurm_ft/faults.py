@@ -45,8 +45,8 @@ class Recovery:
     exit_code: int | None
     fault_kind: str | None = None
     detection_s: float | None = None  # last heartbeat progress -> fault detected by the launcher
-    recovery_s: float | None = None  # fault detected -> first heartbeat of the next attempt
-    steps_lost: int | None = None  # steps done before the fault that were redone
+    recovery_s: float | None = None  # fault detected -> first heartbeat of the next attempt (poll resolution)
+    steps_lost: int | None = None  # steps done before the fault that were redone (last step - resume step)
     wall_s: float | None = None  # first attempt start -> exit
 
 
@@ -73,11 +73,13 @@ def summarize(run_dir: str | Path) -> Recovery:
     beats = read_heartbeats(Path(run_dir) / "attempt-1")
     last = max(beats, key=lambda b: b.time) if beats else None
     resumed = next((e for e in events if e["event"] == "first_step" and e.get("attempt") == 2), None)
+    restart = next((e for e in starts if e.get("attempt") == 2), None)
+    resume_step = restart.get("resume_step") if restart else None
     return dataclasses.replace(
         result, fault_kind=fault["kind"],
         detection_s=fault["time"] - last.time if last else None,
         recovery_s=resumed["time"] - fault["time"] if resumed else None,
-        steps_lost=max(b.step for b in beats) - (resumed["step"] - 1) if resumed and beats else None)
+        steps_lost=max(b.step for b in beats) - (resume_step or 0) if restart and beats else None)
 
 
 def ettr(recovery: Recovery, clean_wall_s: float) -> float | None:

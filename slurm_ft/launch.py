@@ -261,7 +261,7 @@ class Launcher:
                 "--kill-on-bad-exit=1", *cfg.command]
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
-                    time=started)
+                    time=started, resume_step=self._committed())
         proc = self.runner(argv, env)
         watch = HangWatch(len(chosen) * cfg.ntasks_per_node, started, timeout_s=cfg.hang_timeout_s,
                           grace_s=cfg.startup_grace_s)
@@ -284,6 +284,12 @@ class Launcher:
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
                                      hung_ranks=tuple(stuck))
             self.sleep(cfg.poll_s)
+
+    def _committed(self) -> int | None:
+        """The newest committed checkpoint step (what this attempt resumes from), when the ckpt dir is known."""
+        from slurm_ft.monitor import latest_step
+
+        return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
     def _kill(self, proc: Process) -> None:
         proc.terminate()

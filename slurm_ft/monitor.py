@@ -149,7 +149,8 @@ class MonitorDb:
 
     def __init__(self, path: Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(path), timeout=15.0, isolation_level=None)
+        # one Monitor uses it from one thread at a time; it may be created in another (the demo's thread)
+        self.conn = sqlite3.connect(str(path), timeout=15.0, isolation_level=None, check_same_thread=False)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.executescript("""

@@ -23,7 +23,7 @@ def test_summarize_crash_then_restart(tmp_path):
         write_heartbeat(tmp_path / "attempt-1", Heartbeat(rank=rank, step=10, time=110.0))
     events = [{"event": "attempt_start", "attempt": 1, "time": 100.0},
               {"event": "fault_detected", "kind": "failed", "time": 112.5},
-              {"event": "attempt_start", "attempt": 2, "time": 113.0},
+              {"event": "attempt_start", "attempt": 2, "time": 113.0, "resume_step": 8},
               {"event": "first_step", "attempt": 2, "step": 9, "time": 120.0},
               {"event": "exit", "code": 0, "time": 130.0}]
     (tmp_path / "events.jsonl").write_text("\n".join(json.dumps(e) for e in events) + "\n{torn")

@@ -207,6 +207,7 @@ class CheckpointManager:
         self._inflight: SaveResult | None = None
         self._last_saved_step = -1
         self._emergency = False
+        self._signals_installed = False
         self.exit_requested = False
         self.last_stall_s = 0.0
         self.results: list[SaveResult] = []
@@ -318,7 +319,7 @@ class CheckpointManager:
     # ---- save internals ----
     def _emergency_agreed(self) -> bool:
         """Whether any rank got an emergency signal (one all-reduce, only once handlers are installed)."""
-        if not getattr(self, "_signals_installed", False):
+        if not self._signals_installed:
             return False
         if not self._distributed:
             return self._emergency

@@ -28,9 +28,9 @@ def _script(ckpt: Path, steps: int, fault: Fault | None, hang_timeout: int) -> s
     trainer = " ".join([shlex.quote(sys.executable), "-m", "slurm_ft.train.example", "--steps", str(steps),
                         "--ckpt-every", "4", "--seed", "3", "--sync", "--step-time", "0.05"])
     if fault is Fault.USER_ERROR:  # deterministic: it fails on every attempt
-        trainer += " " + trainer_flags(fault, 1, steps // 2 + 1)
+        trainer += " " + trainer_flags(fault, 1, steps // 2 + 3)
     elif fault is not None:  # a transient fault: first attempt only
-        trainer = first_attempt_only(trainer, trainer_flags(fault, 1, steps // 2 + 1))
+        trainer = first_attempt_only(trainer, trainer_flags(fault, 1, steps // 2 + 3))
     return (f"#!/bin/bash\nexport SLURM_FT_CKPT_DIR={shlex.quote(str(ckpt))}\n"
             f"exec {shlex.quote(sys.executable)} -m slurm_ft.cli launch --hang-timeout {hang_timeout}"
             f" --startup-grace 15 --max-restarts 2 -- {trainer}\n")
@@ -54,6 +54,21 @@ def _wait(client, job_ids: list[int], timeout: float) -> None:
             return
         time.sleep(1.0)
     raise SlurmFtError(f"demo: jobs {job_ids} did not finish within {timeout:g}s")
+
+
+def _verdict(client, state: Path, job_id: int) -> str:
+    """The monitor's word on a job: its Comment, else its last recorded action (Slurm 22.05 refuses Comment
+    updates on finished jobs)."""
+    from slurm_ft.status import read_status
+
+    comment = getattr(client.job(job_id), "comment", "")
+    if comment:
+        return comment
+    try:
+        acts = [a for a in read_status(state)["actions"] if a["job_id"] == job_id]
+    except SlurmFtError:
+        return "-"
+    return acts[0]["detail"].get("comment", "-")[:120] if acts else "-"
 
 
 def _fmt(value: float | int | None, unit: str = "") -> str:
@@ -93,7 +108,7 @@ def run_demo(workdir: Path, steps: int, hang_timeout: int) -> str:
         rows = ["fault       | detection | recovery | steps lost | attempts | exit | ETTR | monitor comment"]
         for name, _ in scenarios:
             rec = summarize(jobs_dir / f"ck-{name}" / ".slurm-ft")
-            comment = getattr(lab.client().job(ids[name]), "comment", "") or "-"
+            comment = _verdict(lab.client(), state, ids[name])
             ratio = ettr(rec, clean.wall_s or 0.0)
             rows.append(f"{name:<11} | {_fmt(rec.detection_s, ' s'):>9} | {_fmt(rec.recovery_s, ' s'):>8} | "
                         f"{_fmt(rec.steps_lost):>10} | {rec.attempts:>8} | {_fmt(rec.exit_code):>4} | "

@@ -7,7 +7,8 @@ For a job that newly ended: gather node reports (``<state_dir>/reports/<job_id>/
 files and the node states of the same poll; classify; then either requeue it (held, ExcNodeList += culprits,
 Comment ``slurm-ft: restart=K resume_step=S cause=C``, released) or leave it ended with
 ``slurm-ft: stopped cause=C ...`` in the Comment. Every action is written to SQLite as ``intent`` before it
-is taken and ``done`` after, keyed by (job_id, restart_count, action): a monitor killed in between
+is taken and ``done`` after, keyed by (job_id, restart_count, action). Slurm 22.05 refuses to update the
+Comment of a finished job, so a stop verdict is always also kept in the state DB (``slurm-ft status``): a monitor killed in between
 reconciles on its next poll and never requeues twice.
 """
 
@@ -487,7 +488,10 @@ class Monitor:
     def _stop(self, job: JobInfo, decision: Decision, verdict: Verdict) -> None:
         comment = stop_comment(decision.category, decision.reason, verdict.evidence[:3])
         self.db.intent(job.job_id, job.restart_count, "stop", {"comment": comment}, self.clock())
-        self.client.update_job(job.job_id, comment=comment)
+        try:
+            self.client.update_job(job.job_id, comment=comment)
+        except SlurmCommandError as exc:  # Slurm 22.05 refuses updates to a finished job: the verdict stays here
+            self._event("comment_refused", job_id=job.job_id, error=str(exc)[-200:])
         self.db.done(job.job_id, job.restart_count, "stop", self.clock())
         self._set(job, JobStatus.STOPPED)
         self.metrics.stop()

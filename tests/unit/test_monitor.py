@@ -357,3 +357,22 @@ def test_job_requeued_by_slurm_after_node_failure_gets_exclusion_and_hint(state,
     job = client.jobs_by_id[100]
     assert job.excluded_nodes == ("n2",)
     assert job.comment == "slurm-ft: restart=1 resume_step=12 cause=hardware_node"
+
+
+def test_stop_verdict_kept_when_slurm_refuses_the_comment(state, tmp_path):
+    from slurm_ft.errors import SlurmCommandError
+
+    register_job(state, tmp_path)
+    client = FakeClient([failed(state=JobState.FAILED)])
+
+    def refuse(job_id, **kw):
+        client.calls.append(("update", job_id))
+        raise SlurmCommandError("scontrol update failed: Job has already finished")
+
+    client.update_job = refuse
+    mon = make(state, client, lambda ev: verdict(recoverable=False, action=Action.STOP))
+    mon.poll_once()
+    mon.poll_once()
+    row = mon.db.action(100, 0, "stop")
+    assert row["state"] == "done" and "stopped cause=hardware_node" in json.loads(row["detail"])["comment"]
+    assert client.count("update") == 1  # not retried every poll

@@ -85,7 +85,7 @@ def _status(args: argparse.Namespace) -> int:
 def _env(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     if not cluster.conf_path.exists():
-        raise LabError(f"no lab in {cluster.dir} (start it with `slurm-ft lab up`)")
+        raise LabError(f"no lab in {cluster.dir} (start it with `slurm-ft lab up --dir {cluster.dir}`)")
     for key, value in cluster.env().items():
         print(f"export {key}={shlex.quote(value)}")
     return 0

@@ -17,8 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft import env as ft_env
-from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_prerequisites
+# ``from labutil import ...`` works under any --import-mode (importlib mode does not put test dirs on sys.path).
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from slurm_ft import env as ft_env  # noqa: E402
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_prerequisites  # noqa: E402
 
 LAB_NODES = 4
 

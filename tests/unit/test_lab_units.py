@@ -180,3 +180,14 @@ def test_status_tables():
                                         exit_code=0, exit_signal=9, restart_count=1)])
     assert jobs.splitlines()[1].split() == ["3", "t", "FAILED", "n1,n2", "1", "0:9"]
     assert lab_cli.format_jobs([]) == "no jobs"
+
+
+def test_cli_bad_input_is_one_line_and_nonzero(capsys):
+    from slurm_ft.cli import main
+
+    assert main(["lab", "up", "--nodes", "0", "--dir", "/tmp/slurm-ft-unit-never-started"]) == 2
+    assert capsys.readouterr().err.strip() == "slurm-ft: nodes: must be within 1..64 (--nodes), got 0"
+    assert main(["lab", "env", "--dir", "/tmp/slurm-ft-unit-never-started"]) == 2
+    assert "no lab in /tmp/slurm-ft-unit-never-started" in capsys.readouterr().err
+    assert main(["lab", "status", "--dir", "/tmp/slurm-ft-unit-never-started"]) == 2
+    assert not Path("/tmp/slurm-ft-unit-never-started").exists()  # nothing created by failing commands

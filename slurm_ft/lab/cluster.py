@@ -349,9 +349,10 @@ class LabCluster:
         stopped += procs.stop(order[-1:]) if order else []
         if stopped:
             say(f"stopped {', '.join(f'{d.name} ({d.pid})' for d in stopped)}")
-        leftovers = self._stray_stepds()
+        leftovers = self._strays()
         if leftovers:
-            say(f"killing {len(leftovers)} leftover slurmstepd")
+            listed = ", ".join(f"{d.pid} ({d.argv[0]})" for d in leftovers)
+            say(f"stopping {len(leftovers)} leftover job processes: {listed}")
             procs.stop(leftovers, timeout=3.0)
         state["daemons"] = []
         self._write_state(state)
@@ -375,15 +376,19 @@ class LabCluster:
                 return
             time.sleep(0.3)
 
-    def _stray_stepds(self) -> list[procs.Daemon]:
-        """slurmstepd processes started by this lab's slurmd (they carry its SLURM_CONF)."""
+    def _strays(self) -> list[procs.Daemon]:
+        """Processes this lab's slurmd left behind: slurmstepd (they carry its SLURM_CONF) and job processes
+        (slurmstepd gives them this cluster's SLURM_CLUSTER_NAME). Never this process or its ancestors."""
+        spared = procs.ancestors(os.getpid())
         strays = []
-        for pid in procs.pids_named("slurmstepd"):
-            if procs.environ_value(pid, "SLURM_CONF") == str(self.conf_path):
-                argv = procs.cmdline(pid)
-                ticks = procs._start_ticks(pid)  # noqa: SLF001 - same package
-                if argv and ticks is not None:
-                    strays.append(procs.Daemon(name="slurmstepd", pid=pid, argv=argv, start_ticks=ticks))
+        for pid in procs.all_pids():
+            if pid in spared:
+                continue
+            stepd = procs.comm(pid) == "slurmstepd" and procs.environ_value(pid, "SLURM_CONF") == str(self.conf_path)
+            if stepd or procs.environ_value(pid, "SLURM_CLUSTER_NAME") == self.cluster_name:
+                daemon = procs.identify(pid, name="stray")
+                if daemon is not None:
+                    strays.append(daemon)
         return strays
 
     # --- files -----------------------------------------------------------------------------------------------

@@ -107,18 +107,44 @@ def environ_value(pid: int, name: str) -> str | None:
     return None
 
 
-def pids_named(comm: str) -> list[int]:
-    """Pids whose /proc/<pid>/comm is ``comm``."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+def all_pids() -> list[int]:
+    """Every pid in /proc."""
+    return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+
+
+def comm(pid: int) -> str:
+    """The short process name of ``pid`` ('' when gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pids_named(name: str) -> list[int]:
+    """Pids whose /proc/<pid>/comm is ``name``."""
+    return [pid for pid in all_pids() if comm(pid) == name]
+
+
+def ancestors(pid: int) -> set[int]:
+    """``pid`` and all its parents up to init."""
+    found = set()
+    while pid > 0 and pid not in found:
+        found.add(pid)
         try:
-            if Path(entry.path, "comm").read_text().strip() == comm:
-                found.append(int(entry.name))
+            text = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
-            continue
+            break
+        pid = int(text[text.rfind(")") + 2:].split()[1])
     return found
+
+
+def identify(pid: int, *, name: str) -> Daemon | None:
+    """A Daemon record for an existing process (so ``stop`` can check it is still the same one)."""
+    argv = cmdline(pid)
+    ticks = _start_ticks(pid)
+    if not argv or ticks is None:
+        return None
+    return Daemon(name=name, pid=pid, argv=argv, start_ticks=ticks)
 
 
 def _signal(daemon: Daemon, sig: signal.Signals) -> None:

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from labutil import lab_env, output_of, submit, wait_job
+from labutil import lab_env, output_of, submit, wait_for, wait_job
 
 from slurm_ft.lab import procs
 from slurm_ft.lab.cluster import LabCluster, LabConfig
@@ -87,14 +87,19 @@ def test_second_lab_runs_beside_and_down_leaves_nothing(lab):
         config = subprocess.run(["scontrol", "show", "config"], env=lab_env(other), capture_output=True, text=True,
                                 timeout=30, check=True).stdout
         assert any(line.split() == ["MaxJobCount", "=", "4321"] for line in config.splitlines())
+        sleeper = submit(other, "echo started\nexec sleep 300\n", "-N1")
+        wait_for(lambda: "started" in output_of(other, sleeper), 60, message="sleeper started")
         started = _daemons(other)
+        procs.stop([d for d in started if d.name == "slurmctld"])  # so `down` cannot scancel: strays remain
         down = _slurm_ft("lab", "down", "--dir", str(other_dir))
         assert down.returncode == 0, down.stderr
+        assert "leftover job processes" in down.stderr
         assert not any(procs.is_running(d) for d in started)
-        leftovers = [pid for name in ("munged", "slurmctld", "slurmd", "slurmstepd") for pid in procs.pids_named(name)
+        leftovers = [pid for pid in procs.all_pids()
                      if str(other_dir) in " ".join(procs.cmdline(pid))
-                     or procs.environ_value(pid, "SLURM_CONF") == str(other_dir / "slurm.conf")]
-        assert leftovers == []
+                     or procs.environ_value(pid, "SLURM_CONF") == str(other_dir / "slurm.conf")
+                     or procs.environ_value(pid, "SLURM_CLUSTER_NAME") == other.cluster_name]
+        assert [(pid, procs.cmdline(pid)) for pid in leftovers if procs.cmdline(pid)] == []
         assert lab.is_up()  # the first lab is untouched
     finally:
         _slurm_ft("lab", "down", "--dir", str(other_dir))

@@ -191,3 +191,13 @@ def test_cli_bad_input_is_one_line_and_nonzero(capsys):
     assert "no lab in /tmp/slurm-ft-unit-never-started" in capsys.readouterr().err
     assert main(["lab", "status", "--dir", "/tmp/slurm-ft-unit-never-started"]) == 2
     assert not Path("/tmp/slurm-ft-unit-never-started").exists()  # nothing created by failing commands
+
+
+def test_ancestors_and_identify():
+    import os
+
+    chain = procs.ancestors(os.getpid())
+    assert {os.getpid(), os.getppid()} <= chain
+    me = procs.identify(os.getpid(), name="me")
+    assert me is not None and procs.is_running(me) and me.argv == procs.cmdline(os.getpid())
+    assert procs.identify(2**22 + 12345, name="gone") is None

@@ -22,7 +22,7 @@ from typing import Any
 
 from slurm_ft import env as ft_env
 from slurm_ft.errors import SlurmFtError
-from slurm_ft.lab import ports, procs
+from slurm_ft.lab import ports, procs, slurmconf
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.runner import run_command
@@ -393,7 +393,7 @@ class LabCluster:
 
     # --- files -----------------------------------------------------------------------------------------------
     def _make_dirs(self) -> None:
-        for sub in ("", "munge", "state", "spool", "log", "run", *(f"spool/{n}" for n in self.node_names)):
+        for sub in ("", "munge", slurmconf.CTLD_STATE, "spool", "log", "run", *(f"spool/{n}" for n in self.node_names)):
             path = self.dir / sub
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o755)  # munged wants its socket dir reachable by every user; jobs run as any user
@@ -411,7 +411,7 @@ class LabCluster:
         layout.munge_key.chmod(0o600)
 
     def _clear_state(self) -> None:
-        for sub in ("state", "spool"):
+        for sub in (slurmconf.CTLD_STATE, "spool"):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
 
     def _read_state(self) -> dict[str, Any]:

@@ -6,6 +6,10 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+CTLD_STATE = "slurmctld-state"  # slurmctld's StateSaveLocation under the lab dir
+# Credential lifetime; it is also how long a requeued job waits before it may start again (Slurm default 120 s).
+# 30 s keeps requeue tests short while leaving the prolog and step launch ample time on a loaded host.
+CRED_EXPIRE_S = 30
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LabLayout:
@@ -32,7 +36,7 @@ class LabLayout:
     munge_dir = property(lambda self: self.dir / "munge")
     munge_socket = property(lambda self: (self.munge_socket_dir or self.dir / "munge") / "munge.socket")
     munge_key = property(lambda self: self.dir / "munge" / "munge.key")
-    state_dir = property(lambda self: self.dir / "state")
+    state_dir = property(lambda self: self.dir / CTLD_STATE)  # slurmctld's; <dir>/state is slurm-ft's
     spool_dir = property(lambda self: self.dir / "spool")
     log_dir = property(lambda self: self.dir / "log")
     run_dir = property(lambda self: self.dir / "run")
@@ -59,7 +63,7 @@ def render_slurm_conf(layout: LabLayout, extra_lines: Sequence[str] = ()) -> str
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={layout.munge_socket}",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}",
         "CommunicationParameters=NoInAddrAny",
         f"StateSaveLocation={layout.state_dir}",
         f"SlurmdSpoolDir={layout.spool_dir}/%n",

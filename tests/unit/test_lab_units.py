@@ -58,7 +58,7 @@ def test_rendered_conf_has_what_fault_tests_rely_on(tmp_path):
     lines = conf.splitlines()
     for expected in ("JobRequeue=1", "SlurmdTimeout=10", "MinJobAge=300", "ReturnToService=2",
                      "SlurmctldPort=21000", "SlurmctldHost=host1(127.0.0.1)", "ProctrackType=proctrack/linuxproc",
-                     f"AuthInfo=socket={tmp_path}/munge/munge.socket", f"SlurmdSpoolDir={tmp_path}/spool/%n",
+                     f"AuthInfo=socket={tmp_path}/munge/munge.socket,cred_expire=30", f"SlurmdSpoolDir={tmp_path}/spool/%n",
                      "SelectType=select/cons_tres", "SlurmdParameters=config_overrides"):
         assert expected in lines
     node_lines = [line for line in lines if line.startswith("NodeName=")]

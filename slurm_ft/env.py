@@ -27,8 +27,10 @@ HANG_TIMEOUT = "HANG_TIMEOUT"  # seconds without a heartbeat before a rank count
 SPARE_NODES = "SPARE_NODES"    # nodes in the allocation held back to replace a bad one
 RESUME_STEP = "RESUME_STEP"    # resume hint: the step to resume from (set by the monitor / launcher)
 RUN_DIR = "RUN_DIR"            # per-job directory for heartbeats and error files
+EXCLUDED_NODES = "EXCLUDED_NODES"  # hostlist the job must not run on (topology check)
 
-JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR)
+JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR,
+                EXCLUDED_NODES)
 
 # Process-wide settings.
 SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DEFAULT_SITE_CONFIG

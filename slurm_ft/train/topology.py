@@ -22,7 +22,7 @@ from slurm_ft.train import layout
 
 log = logging.getLogger("slurm_ft.train.topology")
 
-EXCLUDED_NODES = "EXCLUDED_NODES"  # job setting (SLURM_FT_EXCLUDED_NODES): hostlist the job must not run on
+EXCLUDED_NODES = env.EXCLUDED_NODES  # job setting SLURM_FT_EXCLUDED_NODES
 
 
 class TopologyError(SlurmFtError):

@@ -295,7 +295,9 @@ def _error_findings(record: ErrorRecord, rules: Rules, scan) -> list[Finding]:
     found = list(_hit_findings(hits, rules, label, "error", rank=record.rank, node=record.host, time=record.time,
                                limit=rules.limits.max_findings_per_text, first_line_is_type=True))
     if not any(not f.rule.generic for f in found):
-        rule = rules.exception(record.exc_type)
+        # An error file is written only for an exception raised in the rank's own code: a type no rule knows
+        # (a user's own exception class) is user code, not unknown.
+        rule = rules.exception(record.exc_type) or rules.exceptions.get("*")
         if rule is not None:
             first = text.split("\n", 1)[0]
             found.append(Finding(rule, f"{label}: {_clip(first)}", "error", node=record.host, rank=record.rank,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
+import signal
 from pathlib import Path
 
 from slurm_ft.train.records import read_heartbeats
@@ -87,3 +89,78 @@ def ettr(recovery: Recovery, clean_wall_s: float) -> float | None:
     if not recovery.wall_s or clean_wall_s <= 0:
         return None
     return min(1.0, clean_wall_s / recovery.wall_s)
+
+
+# --- process-level faults on the lab cluster -------------------------------------------------------------------
+# Used by the demo, the integration tests and the lab benchmark. Each finds its victims by the environment that
+# slurmstepd gives job processes (SLURM_CLUSTER_NAME of this lab, SLURMD_NODENAME, SLURM_JOB_ID, SLURM_PROCID),
+# never by name, and never touches this process or its ancestors.
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if b"=" in item)
+    return {key: value for key, _, value in pairs}
+
+
+def _parent(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(text[text.rfind(")") + 2:].split()[1])
+
+
+def _job_processes(lab, **match: str) -> list[tuple[int, dict[str, str]]]:
+    """Processes of ``lab``'s jobs whose environment has every ``match`` item (e.g. SLURMD_NODENAME="n2")."""
+    from slurm_ft.lab import procs
+
+    spared = procs.ancestors(os.getpid())
+    found = []
+    for pid in procs.all_pids():
+        if pid in spared:
+            continue
+        env = _environ(pid)
+        if env.get("SLURM_CLUSTER_NAME") == lab.cluster_name and all(env.get(k) == v for k, v in match.items()):
+            found.append((pid, env))
+    return found
+
+
+def crash_node(lab, node: str) -> list[int]:
+    """Node ``node`` dies as a whole: its slurmd, then every slurmstepd and job process on it (SIGKILL).
+
+    Slurm notices only after SlurmdTimeout (the job then ends NODE_FAIL unless it runs with ``--no-kill``);
+    the ranks on other nodes see their peer's connections drop at once. Returns the pids killed."""
+    from slurm_ft.lab import procs
+
+    lab.stop_node(node)
+    tasks = [pid for pid, _ in _job_processes(lab, SLURMD_NODENAME=node)]
+    stepds = {ppid for ppid in map(_parent, tasks) if procs.comm(ppid) == "slurmstepd"}
+    killed = []
+    for pid in [*sorted(stepds), *tasks]:  # the stepds first: nothing reports the tasks' deaths
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            continue
+    return killed
+
+
+def rank_pid(lab, job_id: int, rank: int) -> int | None:
+    """The pid of global rank ``rank`` of job ``job_id``'s newest step (the task slurmstepd started)."""
+    from slurm_ft.lab import procs
+
+    tasks = [(int(env["SLURM_STEP_ID"]), pid) for pid, env in
+             _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
+             if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(_parent(pid)) == "slurmstepd"]
+    return max(tasks)[1] if tasks else None
+
+
+def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:
+    """Send ``sig`` to rank ``rank`` of job ``job_id`` (SIGKILL: a crash; SIGSTOP: a hang). Returns its pid."""
+    pid = rank_pid(lab, job_id, rank)
+    if pid is None:
+        raise LookupError(f"no running rank {rank} in job {job_id}")
+    os.kill(pid, sig)
+    return pid

@@ -1,0 +1,72 @@
+"""The launcher's node probe with fake processes and a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_ft.errors import ConfigError
+from slurm_ft.launch_probe import ProbeConfig, probe_argv, probe_nodes
+
+
+class FakeProc:
+    def __init__(self, code, after):
+        self.code, self.after, self.killed, self.polls = code, after, False, 0
+
+    def poll(self):
+        self.polls += 1
+        return self.code if self.polls > self.after else None
+
+    def kill(self):
+        self.killed = True
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_healthy_nodes_pass_and_each_node_gets_one_step():
+    spawned = []
+
+    def spawn(argv, env):
+        spawned.append(argv)
+        return FakeProc(0, after=2)
+
+    clock = Clock()
+    assert probe_nodes(["n1", "n2"], {}, ProbeConfig(timeout_s=5), spawn=spawn, clock=clock, sleep=clock.sleep) == {}
+    assert [a for a in spawned] == [probe_argv("n1"), probe_argv("n2")]
+    assert "--overlap" in spawned[0] and "--nodelist=n1" in spawned[0]
+
+
+def test_failing_and_silent_nodes_are_named():
+    procs = {"n1": FakeProc(0, 0), "n2": FakeProc(233, 1), "n3": FakeProc(0, after=10**9)}
+
+    def spawn(argv, env):
+        return procs[next(a for a in argv if a.startswith("--nodelist=")).split("=")[1]]
+
+    clock = Clock()
+    bad = probe_nodes(["n1", "n2", "n3"], {}, ProbeConfig(timeout_s=1, poll_s=0.1), spawn=spawn, clock=clock,
+                      sleep=clock.sleep)
+    assert set(bad) == {"n2", "n3"}
+    assert "exit 233" in bad["n2"] and "within 1s" in bad["n3"]
+    assert procs["n3"].killed and not procs["n1"].killed
+    assert clock.now == pytest.approx(1.0, abs=0.11)
+
+
+def test_no_srun_blames_nobody_and_zero_timeout_is_off():
+    def spawn(argv, env):
+        raise FileNotFoundError("srun")
+
+    assert probe_nodes(["n1"], {}, ProbeConfig(), spawn=spawn) == {}
+    assert probe_nodes(["n1"], {}, ProbeConfig(timeout_s=0), spawn=spawn) == {}
+
+
+def test_config_names_the_field():
+    with pytest.raises(ConfigError, match="timeout_s"):
+        ProbeConfig(timeout_s=-1)

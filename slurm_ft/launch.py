@@ -7,9 +7,14 @@ hang, and the attempt is killed. After a failed attempt:
 
 - the earliest error file is the root cause; a non-recoverable verdict (user code, config ...) ends the job
   with the attempt's exit code, for the monitor to record;
-- every node healthy (responding, not drained) -> restart in place, resuming from the newest checkpoint;
-- a node unhealthy and enough spares -> swap the spares in and restart;
-- otherwise exit ``EX_TEMPFAIL`` (75): the allocation cannot recover, the monitor requeues the job elsewhere.
+- every node healthy -> restart in place, resuming from the newest checkpoint. Healthy: Slurm does not call it
+  down, drained or not responding, and it runs a one-task probe step within ``probe_timeout_s``
+  (``slurm_ft.launch_probe``: Slurm itself notices a dead node only after SlurmdTimeout);
+- a node unhealthy and enough spares -> swap the spares in and restart (submit with ``sbatch --no-kill`` so
+  that the allocation survives the loss of a node);
+- otherwise wait up to ``node_fail_wait_s`` for Slurm to declare the bad node (the job then ends NODE_FAIL and
+  Slurm requeues it, with the node's state as evidence for the monitor), then exit ``EX_TEMPFAIL`` (75) with
+  ``slurm-ft: tempfail bad_nodes=...`` in the job's Comment: the monitor requeues the job without those nodes.
 
 Between attempts the run directory's heartbeats and error files move to ``attempt-<N>/`` (evidence). Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``first_step``, ``exit``.
@@ -55,7 +60,8 @@ class Outcome(str, enum.Enum):
 class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
     ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: in-place
-    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``."""
+    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``probe_timeout_s``
+    (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait)."""
 
     command: tuple[str, ...]
     nodes: int | None = None
@@ -67,6 +73,8 @@ class LaunchConfig:
     run_dir: Path = Path(".slurm-ft")
     poll_s: float = 1.0
     kill_grace_s: float = 10.0
+    probe_timeout_s: float = 10.0
+    node_fail_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -83,6 +91,10 @@ class LaunchConfig:
                 f"must be an integer >= 0 (--spare-nodes), got {self.spare_nodes!r}")
         require(self.poll_s > 0, "poll_s", f"must be > 0, got {self.poll_s!r}")
         require(self.kill_grace_s >= 0, "kill_grace_s", f"must be >= 0, got {self.kill_grace_s!r}")
+        require(self.probe_timeout_s >= 0, "probe_timeout_s",
+                f"must be >= 0 (--probe-timeout), got {self.probe_timeout_s!r}")
+        require(self.node_fail_wait_s >= 0, "node_fail_wait_s",
+                f"must be >= 0 (--node-fail-wait), got {self.node_fail_wait_s!r}")
         object.__setattr__(self, "run_dir", Path(self.run_dir))
 
 
@@ -200,13 +212,15 @@ class Launcher:
                  runner: Runner = popen_runner, node_states: Callable[[], Mapping[str, NodeInfo]] | None = None,
                  classify_fn: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
-                 resume_step: int | None = None) -> None:
+                 resume_step: int | None = None, probe: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
+                 set_comment: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
         self.runner, self.node_states, self.classify_fn = runner, node_states, classify_fn
         self.clock, self.sleep, self.port = clock, sleep, port
         self.resume_step = resume_step
+        self.probe, self.set_comment = probe, set_comment
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
         if self.wanted < 1 or self.wanted > len(self.allocation):
             raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
@@ -233,7 +247,7 @@ class Launcher:
             if sick:
                 bad |= sick
                 if choose_nodes(self.allocation, wanted=self.wanted, bad=bad) is None:
-                    return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad))
+                    return self._give_up(sick, bad)
                 self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
                 continue  # a membership change: no retry used
             if result.outcome is Outcome.FAILED and not self._recoverable():
@@ -244,13 +258,43 @@ class Launcher:
             self._event("restart_in_place", attempt=self.attempts, retries_left=retries_left)
 
     def _sick(self, chosen: list[str]) -> set[str]:
+        """Nodes of the attempt that Slurm calls unhealthy, or that fail the probe step."""
+        bad = self._flagged(chosen)
+        if self.probe is not None and self.config.probe_timeout_s > 0:
+            found = self.probe([n for n in chosen if n not in bad])
+            self._event("node_probe", attempt=self.attempts, failed=dict(found))
+            bad |= set(found)
+        return bad
+
+    def _flagged(self, nodes: Sequence[str]) -> set[str]:
         if self.node_states is None:
             return set()
         try:
-            return unhealthy(chosen, self.node_states())
-        except SlurmFtError as exc:  # Slurm unreachable: judge by the error files alone
+            return unhealthy(nodes, self.node_states())
+        except SlurmFtError as exc:  # Slurm unreachable: judge by the probe and the error files alone
             self._event("node_states_error", error=str(exc))
             return set()
+
+    def _give_up(self, sick: set[str], bad: set[str]) -> int:
+        """No spare left: give Slurm time to declare the sick nodes (it then ends the job NODE_FAIL and requeues
+        it, which kills us), then leave the requeue to the monitor, naming the nodes to exclude."""
+        deadline = self.clock() + self.config.node_fail_wait_s
+        waiting = sorted(sick - self._flagged(sorted(sick)))
+        if waiting:
+            self._event("node_fail_wait", nodes=waiting, seconds=self.config.node_fail_wait_s)
+        while waiting and self.clock() < deadline:
+            self.sleep(min(2.0, max(self.config.poll_s, 0.1)))
+            waiting = sorted(set(waiting) - self._flagged(waiting))
+        self._comment(f"slurm-ft: tempfail bad_nodes={'+'.join(sorted(bad))} attempts={self.attempts}")
+        return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad), unconfirmed=waiting)
+
+    def _comment(self, text: str) -> None:
+        if self.set_comment is None:
+            return
+        try:
+            self.set_comment(text)
+        except SlurmFtError as exc:
+            self._event("comment_error", error=str(exc)[-200:])
 
     # --- one attempt ----------------------------------------------------------------------------------------
     def _attempt(self, chosen: list[str]) -> AttemptResult:
@@ -367,6 +411,10 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
     parser.add_argument("--max-restarts", type=int, help="in-place restarts (default $SLURM_FT_MAX_RESTARTS or 3)")
     parser.add_argument("--spare-nodes", type=int, help="allocation nodes held back as spares")
     parser.add_argument("--run-dir", help="heartbeats/error files (default $SLURM_FT_RUN_DIR or <ckpt>/.slurm-ft)")
+    parser.add_argument("--probe-timeout", type=float, default=10.0,
+                        help="seconds a node may take to run a probe step after a failure (0 off; default 10)")
+    parser.add_argument("--node-fail-wait", type=float, default=60.0,
+                        help="seconds to wait for Slurm to declare a bad node before exiting 75 (default 60)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     parser.set_defaults(func=_main)
 
@@ -402,7 +450,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             hang_timeout_s=hang, startup_grace_s=args.startup_grace,
                             max_restarts=_int_setting(args.max_restarts, ft_env.MAX_RESTARTS, 3, environ),
                             spare_nodes=_int_setting(args.spare_nodes, ft_env.SPARE_NODES, 0, environ),
-                            run_dir=Path(run_dir).absolute())
+                            run_dir=Path(run_dir).absolute(), probe_timeout_s=args.probe_timeout,
+                            node_fail_wait_s=args.node_fail_wait)
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 
@@ -449,10 +498,18 @@ def _main(args: argparse.Namespace) -> int:
     def node_states() -> dict[str, NodeInfo]:
         return {n.name: n for n in client.nodes()} if client is not None else {}
 
+    def probe(nodes: Sequence[str]) -> dict[str, str]:
+        return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s))
+
+    def set_comment(text: str) -> None:
+        if client is not None and job_id.isdigit():
+            client.update_job(int(job_id), comment=text)
+
     from slurm_ft.classify import classify
+    from slurm_ft.launch_probe import ProbeConfig, probe_nodes
 
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
-                        classify_fn=classify, resume_step=resume_step)
+                        classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment)
     return launcher.run()
 
 

@@ -63,7 +63,8 @@ class Runner:
         return self.scripts[len(self.calls) - 1]
 
 
-def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn=None, **cfg):
+def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn=None, probe=None,
+         set_comment=None, **cfg):
     clock = Clock()
     config = LaunchConfig(command=("python", "train.py"), run_dir=tmp_path / "run", poll_s=1.0,
                           hang_timeout_s=cfg.pop("hang_timeout_s", 10.0), startup_grace_s=cfg.pop("grace", 5.0),
@@ -72,7 +73,8 @@ def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn
     ports = iter(range(29500, 29600))
     launcher = Launcher(config, allocation=allocation, environ={"PATH": "/bin"}, runner=runner,
                         node_states=(lambda: states[0]) if states is not None else None, classify_fn=classify_fn,
-                        clock=clock, sleep=clock.sleep, port=lambda: next(ports), resume_step=7)
+                        clock=clock, sleep=clock.sleep, port=lambda: next(ports), resume_step=7, probe=probe,
+                        set_comment=set_comment)
     return launcher, runner, clock
 
 
@@ -203,3 +205,51 @@ def test_same_root_cause_twice_stops_even_when_the_verdict_says_recoverable(tmp_
     assert launcher.run() == 1
     assert len(runner.calls) == 2
     assert "repeated_root_cause" in [e["event"] for e in events(tmp_path)]
+
+
+def test_node_failing_the_probe_is_swapped_for_a_spare(tmp_path):
+    run = tmp_path / "run"
+    probed = []
+
+    def probe(nodes):
+        probed.append(list(nodes))
+        return {"n2": "probe step failed (exit 233)"} if len(probed) == 1 else {}
+
+    states = [{}]  # Slurm has not noticed anything yet
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1), Script(run)], allocation=("n1", "n2", "n3"),
+                               states=states, spare_nodes=1, max_restarts=0, probe=probe)
+    assert launcher.run() == 0
+    assert probed[0] == ["n1", "n2"]
+    assert [c[0][4] for c in runner.calls] == ["--nodelist=n1,n2", "--nodelist=n1,n3"]
+    probe_events = [e for e in events(tmp_path) if e["event"] == "node_probe"]
+    assert probe_events[0]["failed"] == {"n2": "probe step failed (exit 233)"}
+
+
+def test_no_spare_waits_for_slurm_to_declare_the_node_then_names_it_in_the_comment(tmp_path):
+    run = tmp_path / "run"
+    states = [{}]
+    comments = []
+    launcher, runner, clock = make(tmp_path, [Script(run, code=1)], states=states, node_fail_wait_s=30.0,
+                                   probe=lambda nodes: {"n2": "probe step did not finish within 10s"},
+                                   set_comment=comments.append)
+    start = clock.now
+
+    def declare_later(seconds):
+        clock.now += seconds
+        if clock.now - start > 10:
+            states[0] = {"n2": NodeInfo(name="n2", state=frozenset({"DOWN", "NOT_RESPONDING"}))}
+
+    launcher.sleep = declare_later
+    assert launcher.run() == EX_TEMPFAIL
+    assert 10 < clock.now - start < 30  # stopped waiting once Slurm declared the node
+    assert comments == ["slurm-ft: tempfail bad_nodes=n2 attempts=1"]
+    last = events(tmp_path)[-1]
+    assert last["code"] == EX_TEMPFAIL and last["bad"] == ["n2"] and last["unconfirmed"] == []
+
+
+def test_no_spare_and_slurm_never_declares_gives_up_after_the_wait(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, clock = make(tmp_path, [Script(run, code=1)], states=[{}], node_fail_wait_s=20.0,
+                                   probe=lambda nodes: {"n1": "probe step failed (exit 1)"})
+    assert launcher.run() == EX_TEMPFAIL
+    assert events(tmp_path)[-1]["unconfirmed"] == ["n1"]

@@ -1,10 +1,15 @@
-"""PNG plots for the benchmark results (matplotlib, Agg backend). Missing matplotlib: no plot, a note."""
+"""PNG plots of benchmark results (matplotlib, Agg backend). Without matplotlib: no plot and a note saying so.
+
+Inputs are the plain dicts the benchmarks write to JSON, so a plot can be redrawn from a results file.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+NO_MATPLOTLIB = "matplotlib is not installed: no plots (pip install matplotlib)"
 
 
 def _pyplot():
@@ -18,43 +23,60 @@ def _pyplot():
     return plt
 
 
-def plot_ettr_vs_gpus(results: Sequence[Mapping[str, Any]], path: Path) -> str | None:
-    """One line per policy; returns a note when no plot could be made."""
+def plot_ettr_vs_gpus(results: Sequence[Mapping[str, Any]], path: Path, *,
+                      target: tuple[int, float] | None = None) -> str | None:
+    """Sim results (``gpus``, ``policy``, ``ettr``, optional ``ettr_ci95``): one line per policy, log2 x;
+    ``target`` = (gpus, ettr) marks a goal. Returns a note when no plot could be made, else None."""
     plt = _pyplot()
     if plt is None:
-        return "matplotlib is not installed: no plot (pip install matplotlib)"
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+        return NO_MATPLOTLIB
+    fig, ax = plt.subplots(figsize=(8, 5))
     for policy in dict.fromkeys(r["policy"] for r in results):
-        points = sorted((r["gpus"], r["ettr"]) for r in results if r["policy"] == policy)
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
+        points = sorted((r["gpus"], r["ettr"], r.get("ettr_ci95", 0.0)) for r in results if r["policy"] == policy)
+        ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[p[2] for p in points], marker="o",
+                    markersize=4, capsize=2, label=policy)
+    if target is not None:
+        ax.plot([target[0]], [target[1]], marker="*", markersize=12, color="black", linestyle="none",
+                label=f"target: {target[1]:g} at {target[0]:,} GPUs")
+    gpus = sorted({r["gpus"] for r in results})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus, [f"{g:,}" for g in gpus], fontsize=8)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("ETTR (productive time / wall time)")
     ax.set_ylim(0, 1.0)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    ax.legend(fontsize=8, loc="lower left")
+    return _save(plt, fig, path)
 
 
-def plot_recovery_vs_size(recovery: Mapping[str, Mapping[str, Mapping[int, float]]], path: Path) -> str | None:
-    """``recovery[fault][system][nodes] = seconds``: one panel per fault, one line per system."""
+def plot_recovery_vs_size(records: Sequence[Mapping[str, Any]], path: Path, *, value: str = "recovery_s",
+                          ylabel: str = "recovery time (s): fault to first resumed step") -> str | None:
+    """Lab records (``fault``, ``system``, ``nodes``, ``value``): one panel per fault, one line per system.
+    Records without the value (the fault was not recovered) are left out. Returns a note, or None."""
     plt = _pyplot()
     if plt is None:
-        return "matplotlib is not installed: no plot (pip install matplotlib)"
-    faults = list(recovery)
-    fig, axes = plt.subplots(1, max(1, len(faults)), figsize=(4.5 * max(1, len(faults)), 4), squeeze=False)
+        return NO_MATPLOTLIB
+    usable = [r for r in records if r.get(value) is not None]
+    faults = list(dict.fromkeys(r["fault"] for r in usable))
+    if not faults:
+        return f"no records with {value!r}: no recovery plot"
+    fig, axes = plt.subplots(1, len(faults), figsize=(4.5 * len(faults), 4), squeeze=False)
     for ax, fault in zip(axes[0], faults):
-        for system, by_nodes in recovery[fault].items():
-            points = sorted((int(n), s) for n, s in by_nodes.items())
+        mine = [r for r in usable if r["fault"] == fault]
+        for system in dict.fromkeys(r["system"] for r in mine):
+            points = sorted((int(r["nodes"]), float(r[value])) for r in mine if r["system"] == system)
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system)
         ax.set_title(fault)
+        ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes")
-        ax.set_ylabel("recovery time (s)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,202 +1,462 @@
-"""Project ETTR to cluster scale from measured costs (seeded, deterministic).
+"""Project ETTR to cluster scale from measured costs: a seeded discrete-event simulation of one training job.
 
-Failure model (Llama 3 report, 54 days on 16,384 H100s: 419 unexpected interruptions, about one every 3 hours;
-58.7% GPU/hardware-related, 12.9% software, 8.4% network, the rest host/other). The failure rate is per GPU, so a
-job's MTBF scales as ``3 h * 16384 / gpus``. A share of hardware failures comes from "lemon" nodes that fail again
-soon unless they are quarantined.
+Failure model (Llama 3 report, 54 days of pre-training on 16,384 H100s: 419 unexpected interruptions, about one
+every 3 hours; 58.7% GPU-related, 12.9% software, 8.4% network switch/cable, the remaining ~20% host maintenance,
+NIC, SSD, power, CPU, host memory, NCCL watchdog and unattributed). Failures are per GPU, so a job's MTBF scales as
+``3 h * 16,384 / gpus``. Each fault class (:data:`LLAMA3_FAULTS`) says how often the culprit node must leave the job
+and how the fault shows itself: a process exits, peers hang in a collective, or the node stops responding.
 
-A replica runs one job for ``horizon_h`` wall hours: compute segments of ``interval`` seconds, each followed by a
-checkpoint stall; on a failure the work since the last checkpoint is lost, then detection and recovery time pass.
-ETTR = productive compute time / wall time.
+Repeat offenders ("lemons"): a share of node-level faults comes from a node that, put back into service, fails
+again (mean ``lemon_mtbf_h``). Without automatic quarantine a lemon stays in the pool until an admin removes it by
+hand (mean ``triage_h``); with slurm-ft's quarantine it is drained at its first hardware strike and quarantined for
+good at its ``quarantine_strikes``-th. That sets the pool's lemon density, so how many lemons each fresh allocation
+(job start, requeue, spare swap) brings in. Llama 3's rate is taken as first faults; lemon repeats come on top.
+
+A replica runs one job for ``horizon_h`` wall hours: compute for the checkpoint interval, stall for the save, repeat.
+An asynchronous save is durable only ``checkpoint_write_s`` after its stall ends, so a failure loses the work since
+the last *durable* checkpoint. Each failure then costs its detection time and its recovery: an in-allocation
+restart, a spare swap (while spares last), or a requeue (queue wait + job start; the allocation and its spares
+come back fresh). Failures during detection or recovery are not modelled. ETTR = productive compute time / wall
+time. Replicas of a (gpus, seed) pair share their random fault streams across policies (common random numbers),
+so policy differences are not sampling noise.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slurm_ft.config import require
-from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig, young_daly_interval
+from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
 
 LLAMA3_GPUS = 16_384
 LLAMA3_MTBF_S = 3 * 3600.0
-FAILURE_MIX = {"hardware": 0.587, "software": 0.129, "network": 0.084, "other": 0.200}
 DEFAULT_GPUS = tuple(2**k for k in range(10, 18))  # 1,024 .. 131,072
+SCHEMA = "slurm-ft.sim/1"
+
+
+class Symptom(str, enum.Enum):
+    """How a fault shows itself to the job, which decides how long detecting it takes."""
+
+    EXIT = "exit"  # a process exits with an error (CUDA error, exception): seen at once
+    HANG = "hang"  # peers block in a collective and nothing exits: needs a timeout
+    NODE_LOSS = "node_loss"  # the node stops responding: heartbeats stop, or Slurm marks it down
+
+
+class Recovery(str, enum.Enum):
+    IN_ALLOCATION = "in_allocation"  # restart the processes inside the running allocation
+    REQUEUE = "requeue"  # the job ends and goes back through the Slurm queue
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
-class SimCosts:
-    """Seconds each event costs. Defaults are estimates for a large H100 job, labelled ``source="defaults"``:
+class FaultClass:
+    """One class of interruption: its share, how often its node must leave the job, how it shows."""
 
-    - async stall 0.5 s: staging a rank's shard of model and optimizer state (~2.5 GB per GPU for a 405B model
-      with Adam, fully sharded over 16k GPUs, is far less) into pinned host memory at ~5-10 GB/s over PCIe;
-    - checkpoint write 60 s: the same state at ~0.3-1 GB/s per node to a parallel file system (the sync baseline
-      stalls for this whole time);
-    - detection: process exit or NODE_FAIL within ~10 s; hangs are caught by the hang timeout (60 s) with slurm-ft,
-      by NCCL's 600 s watchdog without it; network faults mostly surface as hangs;
-    - in-allocation restart 120 s (process start, NCCL init, checkpoint load), spare swap 180 s;
-    - requeue 900 s (back through the queue, node allocation, prolog, full job start at scale).
-    """
-
-    checkpoint_stall_s: float = 0.5
-    checkpoint_write_s: float = 60.0
-    detect_exit_s: float = 10.0
-    hang_timeout_s: float = 60.0
-    nccl_timeout_s: float = 600.0
-    restart_in_alloc_s: float = 120.0
-    spare_swap_s: float = 180.0
-    requeue_s: float = 900.0
-    source: str = "defaults"
+    category: str  # slurm-ft vocabulary
+    label: str  # the Llama 3 report's name for it
+    share: float
+    exclude_share: float  # share of these faults whose node must leave the job (drain, exclude, swap)
+    hang_share: float
+    node_loss_share: float = 0.0  # the rest of the faults are Symptom.EXIT
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            if field.name != "source":
-                value = getattr(self, field.name)
-                require(value >= 0, field.name, f"must be >= 0 seconds, got {value}")
+        for name in ("share", "exclude_share", "hang_share", "node_loss_share"):
+            value = getattr(self, name)
+            require(0 <= value <= 1, name, f"must be in [0, 1], got {value!r} ({self.category})")
+        require(self.hang_share + self.node_loss_share <= 1, "hang_share",
+                f"hang_share + node_loss_share must be <= 1 ({self.category})")
 
-    @classmethod
-    def from_json(cls, path: str | Path) -> "SimCosts":
-        data = json.loads(Path(path).read_text())
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        require(not unknown, unknown[0] if unknown else "", f"unknown cost key in {path}")
-        return cls(**{**data, "source": str(path)})
-
-
-@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
-class Policy:
-    """How a job checkpoints and recovers."""
-
-    name: str
-    adaptive_interval: bool = True
-    fixed_interval_s: float = 3600.0
-    async_checkpoint: bool = True
-    in_allocation_restart: bool = True
-    spare_nodes: int = 2
-    quarantine: bool = True
-    hang_detection: bool = True  # False: hangs wait for NCCL's watchdog
+    def symptom(self, u: float) -> Symptom:
+        if u < self.hang_share:
+            return Symptom.HANG
+        if u < self.hang_share + self.node_loss_share:
+            return Symptom.NODE_LOSS
+        return Symptom.EXIT
 
 
-POLICIES = (
-    Policy(name="slurm-ft"),
-    Policy(name="slurm-ft fixed 1h interval", adaptive_interval=False),
-    Policy(name="slurm-ft without quarantine", quarantine=False),
-    Policy(name="slurm-ft requeue only", in_allocation_restart=False, spare_nodes=0),
-    Policy(name="torchrun --max-restarts", adaptive_interval=False, async_checkpoint=False, spare_nodes=0,
-           quarantine=False, hang_detection=False),
-    Policy(name="slurm --requeue", adaptive_interval=False, async_checkpoint=False, in_allocation_restart=False,
-           spare_nodes=0, quarantine=False, hang_detection=False),
+# Shares from the Llama 3 report; exclusion and symptom splits are this model's assumptions (reasons inline).
+LLAMA3_FAULTS = (
+    # faulty GPU, HBM3, SRAM, GPU processor, SDC, thermal: the node must go; most raise a CUDA error in the rank,
+    # some (GPU off the bus) leave peers hanging in NCCL
+    FaultClass(category="hardware_gpu", label="GPU-related", share=0.587, exclude_share=1.0, hang_share=0.25),
+    # software bugs: restartable in place (they were, for Llama 3); mostly an exception, sometimes a deadlock
+    FaultClass(category="user_code", label="software", share=0.129, exclude_share=0.0, hang_share=0.1),
+    # switch and cable: mostly transient for the job, surfacing as NCCL hangs; a NIC/cable at one node means that
+    # node must go
+    FaultClass(category="network", label="network switch/cable", share=0.084, exclude_share=0.25, hang_share=0.7),
+    # host maintenance, NIC, SSD, PSU, chassis, CPU, host memory (node-level) plus NCCL watchdog and unattributed
+    FaultClass(category="hardware_node", label="host/other", share=0.200, exclude_share=0.8, hang_share=0.2,
+               node_loss_share=0.6),
 )
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
-class SimConfig:
-    gpus: int
-    horizon_h: float = 24.0 * 14
-    replicas: int = 16
-    seed: int = 0
-    lemon_share: float = 0.10  # of hardware failures, the share caused by a lemon node
-    lemon_mtbf_s: float = 4 * 3600.0  # how soon a lemon fails again while it stays in the job
-    hang_share: dict[str, float] = dataclasses.field(
-        default_factory=lambda: {"hardware": 0.1, "software": 0.2, "network": 0.8, "other": 0.3})
+class SimCosts:
+    """Seconds each event costs. The defaults are estimates for a large H100 job, labelled ``source="defaults"``;
+    a costs JSON (``slurm-ft bench sim --costs``, e.g. from the lab benchmark) replaces any of them.
+
+    Checkpoint state is taken as 2 GB per GPU, constant as the job grows (weak scaling; e.g. a 70B model with
+    Adam, ~1 TB, over 512 GPUs), so 16 GB per node:
+
+    - ``checkpoint_stall_s`` 1: an async save blocks training only for the device-to-pinned-host copy of the
+      rank's shard (~0.1 s at ~20 GB/s) plus planning and synchronisation; rounded up to a second.
+    - ``checkpoint_write_s`` 30: the background write of 16 GB per node at ~0.5-1 GB/s per node (a parallel file
+      system serving 1-2 TB/s to 2,048 nodes). A synchronous save stalls for this whole time.
+    - ``detect_crash_s`` 5: a rank exits; the launcher polls every second and tears the attempt down.
+    - ``detect_hang_s`` / ``detect_node_loss_s`` 65: slurm-ft's heartbeat hang timeout configured at 60 s (about
+      ten steps of a large job; the launcher's own default is a cautious 300 s) plus 5 s of polling and teardown.
+    - ``baseline_detect_hang_s`` 600: without heartbeats a hang lasts until PyTorch's default NCCL timeout (10 min).
+    - ``baseline_detect_node_loss_s`` 300: without heartbeats a dead node is noticed when Slurm marks it down
+      (``SlurmdTimeout`` default 300 s) and ends the job with NODE_FAIL.
+    - ``restart_in_alloc_s`` 120: new processes on the same nodes at scale: interpreter and CUDA start, NCCL
+      communicator init across thousands of ranks, each rank loading its 2 GB shard, warm-up.
+    - ``spare_swap_s`` 130: the same restart with a spare node in place of the culprit (every rank restarts
+      either way; the spare reads its shard like the others), plus ~10 s of topology check (all-reduce, bandwidth).
+    - ``requeue_wait_s`` 600: the requeued job waiting for its nodes; Slurm holds a requeued job >= 120 s
+      (measured on the lab cluster) and 10 min assumes a reservation or top priority (a busy queue: hours).
+    - ``job_start_s`` 300: allocating thousands of nodes, prolog health checks, ``srun`` launch, then the same
+      start-up as an in-allocation restart with every rank reading from the file system at once.
+    """
+
+    checkpoint_stall_s: float = 1.0
+    checkpoint_write_s: float = 30.0
+    detect_crash_s: float = 5.0
+    detect_hang_s: float = 65.0
+    detect_node_loss_s: float = 65.0
+    baseline_detect_hang_s: float = 600.0
+    baseline_detect_node_loss_s: float = 300.0
+    restart_in_alloc_s: float = 120.0
+    spare_swap_s: float = 130.0
+    requeue_wait_s: float = 600.0
+    job_start_s: float = 300.0
+    source: str = "defaults"
 
     def __post_init__(self) -> None:
-        require(self.gpus > 0, "gpus", f"must be > 0, got {self.gpus}")
-        require(self.horizon_h > 0, "horizon_h", f"must be > 0, got {self.horizon_h}")
-        require(self.replicas > 0, "replicas", f"must be > 0, got {self.replicas}")
-        require(0 <= self.lemon_share <= 1, "lemon_share", f"must be in [0, 1], got {self.lemon_share}")
+        for name in cost_names():
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value >= 0, name, f"must be a number of seconds >= 0, got {value!r}")
+        require(self.checkpoint_stall_s > 0, "checkpoint_stall_s", "must be > 0")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, source: str) -> "SimCosts":
+        """Measured costs: any subset of the cost keys (the rest keep their defaults, named in ``source``)."""
+        require(isinstance(data, Mapping), "costs", f"must be a JSON object, got {type(data).__name__}")
+        known = set(cost_names())
+        unknown = sorted(set(data) - known - {"source"})
+        require(not unknown, unknown[0] if unknown else "costs",
+                f"unknown cost key (known: {', '.join(sorted(known))})")
+        defaulted = sorted(known - set(data))
+        label = source + (f" (defaults for {', '.join(defaulted)})" if defaulted else "")
+        return cls(**{k: v for k, v in data.items() if k != "source"}, source=label)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "SimCosts":
+        """A JSON object of cost keys, or one whose ``sim_costs`` member is (so a lab results file works)."""
+        data = json.loads(Path(path).read_text())
+        if isinstance(data, dict) and "sim_costs" in data:
+            data = data["sim_costs"]
+        return cls.from_mapping(data, source=str(path))
+
+    def scaled(self, name: str, factor: float) -> "SimCosts":
+        return dataclasses.replace(self, **{name: getattr(self, name) * factor},
+                                   source=f"{self.source}, {name} x{factor:g}")
+
+
+def cost_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(SimCosts) if f.name != "source")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class Policy:
+    """How a job checkpoints and recovers. ``exclude_nodes``: a culprit node leaves the job for good (spare swap,
+    or requeue with ExcNodeList); without it the job comes back on whatever nodes Slurm gives it."""
+
+    name: str
+    adaptive_interval: bool = True
+    fixed_interval_s: float = 1800.0
+    async_checkpoint: bool = True
+    recovery: Recovery = Recovery.IN_ALLOCATION
+    exclude_nodes: bool = True
+    spare_fraction: float = 0.01  # spare nodes held in the allocation, as a share of the job's nodes (>= 1)
+    quarantine: bool = True
+    hang_detection: bool = True  # heartbeats with a hang timeout; False: NCCL's timeout, Slurm's node timeout
+
+    def __post_init__(self) -> None:
+        require(self.fixed_interval_s > 0, "fixed_interval_s", f"must be > 0, got {self.fixed_interval_s!r}")
+        require(0 <= self.spare_fraction < 1, "spare_fraction", f"must be in [0, 1), got {self.spare_fraction!r}")
+
+    def spare_nodes(self, nodes: int) -> int:
+        if self.recovery is not Recovery.IN_ALLOCATION or self.spare_fraction == 0:
+            return 0
+        return max(1, math.ceil(self.spare_fraction * nodes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "recovery": self.recovery.value}
+
+
+BASELINE_INTERVAL_S = 1800.0  # what a user picks by hand: a checkpoint every 30 minutes
+
+POLICIES = (
+    Policy(name="slurm-ft"),
+    Policy(name="slurm-ft fixed 30 min", adaptive_interval=False),
+    Policy(name="slurm-ft no quarantine", quarantine=False),
+    Policy(name="slurm-ft no spares", spare_fraction=0.0),
+    Policy(name="slurm-ft requeue only", recovery=Recovery.REQUEUE, spare_fraction=0.0),
+    Policy(name="torchrun --max-restarts", adaptive_interval=False, async_checkpoint=False, exclude_nodes=False,
+           spare_fraction=0.0, quarantine=False, hang_detection=False),
+    Policy(name="slurm --requeue", adaptive_interval=False, async_checkpoint=False, recovery=Recovery.REQUEUE,
+           exclude_nodes=False, spare_fraction=0.0, quarantine=False, hang_detection=False),
+)
+HEADLINE_POLICY = "slurm-ft"
+
+
+def policy_by_name(name: str) -> Policy:
+    for policy in POLICIES:
+        if policy.name == name:
+            return policy
+    raise KeyError(name)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class SimConfig:
+    """One job size and the failure model. Lemon figures are assumptions (no public source), so flags."""
+
+    gpus: int
+    gpus_per_node: int = 8
+    horizon_h: float = 30 * 24.0
+    replicas: int = 32
+    seed: int = 0
+    faults: tuple[FaultClass, ...] = LLAMA3_FAULTS
+    reference_gpus: int = LLAMA3_GPUS
+    reference_mtbf_s: float = LLAMA3_MTBF_S
+    lemon_share: float = 0.10  # of node-level faults, the share whose node is a lemon
+    lemon_mtbf_h: float = 24.0  # a lemon in service fails again after this long on average
+    triage_h: float = 72.0  # without automatic quarantine, an admin removes a lemon after this long on average
+    quarantine_strikes: int = 2  # slurm-ft: drained at the 1st hardware strike, quarantined for good at the 2nd
+    prior_mtbf_h: float = 6.0  # the adaptive interval's prior before failures are seen
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpus_per_node", "replicas", "reference_gpus", "quarantine_strikes"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value > 0, name,
+                    f"must be an integer > 0, got {value!r}")
+        for name in ("horizon_h", "reference_mtbf_s", "lemon_mtbf_h", "triage_h", "prior_mtbf_h"):
+            value = getattr(self, name)
+            require(value > 0, name, f"must be > 0, got {value!r}")
+        require(0 <= self.lemon_share <= 1, "lemon_share", f"must be in [0, 1], got {self.lemon_share!r}")
+        require(self.faults, "faults", "need at least one fault class")
+        total = sum(f.share for f in self.faults)
+        require(abs(total - 1.0) < 1e-6, "faults", f"shares must sum to 1, got {total:.4f}")
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.gpus / self.gpus_per_node)
 
     @property
     def mtbf_s(self) -> float:
-        return LLAMA3_MTBF_S * LLAMA3_GPUS / self.gpus
+        """The job's MTBF from first faults alone: the per-GPU rate times its GPUs."""
+        return self.reference_mtbf_s * self.reference_gpus / self.gpus
+
+    @property
+    def lemon_fault(self) -> FaultClass:
+        """The class a lemon's repeat fault belongs to: GPU-related, else the most node-level class."""
+        return next((f for f in self.faults if f.category == "hardware_gpu"),
+                    max(self.faults, key=lambda f: f.exclude_share))
+
+    def lemon_density(self, quarantine: bool) -> float:
+        """Lemons in service per node of the pool, in steady state: new lemons per node-second times how long one
+        stays in service (until triage, or with quarantine until its remaining strikes)."""
+        exclude = sum(f.share * f.exclude_share for f in self.faults)
+        per_node_s = exclude * self.gpus_per_node / (self.reference_mtbf_s * self.reference_gpus) * self.lemon_share
+        removal_per_s = 1.0 / (self.triage_h * 3600.0)
+        if quarantine:
+            if self.quarantine_strikes == 1:
+                return 0.0
+            removal_per_s += 1.0 / ((self.quarantine_strikes - 1) * self.lemon_mtbf_h * 3600.0)
+        return per_node_s / removal_per_s
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
-class ReplicaTally:
-    productive_s: float = 0.0
-    checkpoint_s: float = 0.0
-    rework_s: float = 0.0
-    detect_s: float = 0.0
-    recover_s: float = 0.0
+class Tally:
+    """One replica's time, split the way ETTR is (names match :class:`slurm_ft.bench.ettr.Overhead`)."""
+
+    productive: float = 0.0
+    checkpoint_stall: float = 0.0
+    rework: float = 0.0
+    detection: float = 0.0
+    recovery: float = 0.0
+    queue_wait: float = 0.0
     failures: int = 0
+    lemon_failures: int = 0
+    requeues: int = 0
+    spare_swaps: int = 0
+    interval_s: float = 0.0
+
+    LOST = ("checkpoint_stall", "rework", "detection", "recovery", "queue_wait")
+
+    @property
+    def wall(self) -> float:
+        return self.productive + sum(getattr(self, k) for k in self.LOST)
+
+    @property
+    def ettr(self) -> float:
+        return self.productive / self.wall
 
 
-def _interval_for(policy: Policy, estimator: AdaptiveInterval, stall: float, write_s: float) -> float:
-    """Fixed, or Young/Daly on the stall; never shorter than one background write (one save in flight)."""
-    if not policy.adaptive_interval:
-        return policy.fixed_interval_s
-    return min(max(young_daly_interval(stall, estimator.mtbf_s), write_s, 30.0), 6 * 3600.0)
+def _poisson(rng: random.Random, mean: float) -> int:
+    """Knuth's method for small means, a rounded normal beyond (means here are tens at most)."""
+    if mean <= 0:
+        return 0
+    if mean > 50:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    limit, k, p = math.exp(-mean), 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
 
 
-def _run_replica(config: SimConfig, policy: Policy, costs: SimCosts, rng: random.Random) -> ReplicaTally:
-    stall = costs.checkpoint_stall_s if policy.async_checkpoint else costs.checkpoint_write_s
-    estimator = AdaptiveInterval(AdaptiveIntervalConfig(prior_mtbf_s=6 * 3600.0, initial_cost_s=max(stall, 1e-3)))
-    tally = ReplicaTally()
-    horizon = config.horizon_h * 3600.0
-    clock = 0.0
-    lemons = 0  # lemon nodes currently in the job
-    kinds, weights = zip(*FAILURE_MIX.items())
-    while clock < horizon:
-        rate = 1.0 / config.mtbf_s + lemons / config.lemon_mtbf_s
-        run = min(rng.expovariate(rate), horizon - clock)
-        interval = _interval_for(policy, estimator, stall, costs.checkpoint_write_s)
-        segments = math.floor(run / (interval + stall))
-        tally.productive_s += segments * interval
-        tally.checkpoint_s += segments * stall
-        clock += run
-        estimator.observe_exposure(run)
-        if clock >= horizon:
-            tally.productive_s += run - segments * (interval + stall)  # the tail is checkpointed at the end
-            break
-        tally.rework_s += run - segments * (interval + stall)
+def _account_run(tally: Tally, run: float, interval: float, stall: float, lag: float, *, failed: bool) -> None:
+    """``run`` seconds of training from a durable checkpoint: compute ``interval``, stall ``stall``, repeat.
+    A save is durable ``lag`` seconds after its stall; a failure loses the work since the last durable one. At the
+    horizon (not ``failed``) the work done counts: the job would save once more before it ends."""
+    period = interval + stall
+    saves = math.floor(run / period)
+    tail = run - saves * period
+    computed = saves * interval + min(tail, interval)
+    tally.checkpoint_stall += saves * stall + max(0.0, tail - interval)
+    if not failed:
+        tally.productive += computed
+        return
+    durable = max(0, min(saves, math.floor((run - lag) / period)))
+    tally.productive += durable * interval
+    tally.rework += computed - durable * interval
+
+
+def _detection_s(symptom: Symptom, policy: Policy, costs: SimCosts) -> float:
+    if symptom is Symptom.EXIT:
+        return costs.detect_crash_s  # generous to the baselines: assumes srun --kill-on-bad-exit
+    if symptom is Symptom.HANG:
+        return costs.detect_hang_s if policy.hang_detection else costs.baseline_detect_hang_s
+    return costs.detect_node_loss_s if policy.hang_detection else costs.baseline_detect_node_loss_s
+
+
+class _Job:
+    """One replica's mutable state: the clock, the allocation's lemons and spares, the interval estimator."""
+
+    def __init__(self, config: SimConfig, policy: Policy, costs: SimCosts, replica: int) -> None:
+        self.config, self.policy, self.costs = config, policy, costs
+        base = f"{config.seed}:{config.gpus}:{replica}"
+        self.faults = random.Random(base + ":faults")  # the same fault stream for every policy
+        self.pool = random.Random(base + ":pool")
+        self.density = config.lemon_density(policy.quarantine)
+        self.full_spares = policy.spare_nodes(config.nodes)
+        self.stall = costs.checkpoint_stall_s if policy.async_checkpoint else costs.checkpoint_write_s
+        self.lag = costs.checkpoint_write_s if policy.async_checkpoint else 0.0
+        self.estimator = AdaptiveInterval(AdaptiveIntervalConfig(prior_mtbf_s=config.prior_mtbf_h * 3600.0,
+                                                                 initial_cost_s=self.stall))
+        self.estimator.observe_checkpoint(self.stall, write_s=self.lag)
+        self.tally = Tally()
+        self._allocate()
+
+    def _allocate(self) -> None:
+        """A fresh allocation (start or requeue): its lemons drawn from the pool, its spares full."""
+        self.lemons = _poisson(self.pool, self.density * self.config.nodes)
+        self.spares = self.full_spares
+
+    def interval_s(self) -> float:
+        return self.estimator.interval_s() if self.policy.adaptive_interval else self.policy.fixed_interval_s
+
+    def run(self) -> Tally:
+        cfg, tally = self.config, self.tally
+        horizon = cfg.horizon_h * 3600.0
+        base_rate, lemon_rate = 1.0 / cfg.mtbf_s, 1.0 / (cfg.lemon_mtbf_h * 3600.0)
+        clock = 0.0
+        while clock < horizon:
+            rate = base_rate + self.lemons * lemon_rate
+            run = self.faults.expovariate(1.0) / rate
+            interval = self.interval_s()
+            if clock + run >= horizon:
+                _account_run(tally, horizon - clock, interval, self.stall, self.lag, failed=False)
+                break
+            _account_run(tally, run, interval, self.stall, self.lag, failed=True)
+            clock += run
+            self.estimator.observe_running(run)
+            self.estimator.observe_failure()
+            draw = self.faults.random
+            from_lemon = draw() < self.lemons * lemon_rate / rate  # four draws per failure, whatever the policy
+            clock += self._fail(from_lemon, draw(), draw(), draw())
+        tally.interval_s = self.interval_s()
+        return tally
+
+    def _fail(self, from_lemon: bool, u_class: float, u_exclude: float, u_symptom: float) -> float:
+        """One failure: detection and recovery; returns the seconds they took."""
+        tally = self.tally
         tally.failures += 1
-        estimator.observe_failure()
-        kind = rng.choices(kinds, weights)[0]
-        lemons = _lemons_after(kind, lemons, rate, config, policy, rng)
-        hang = rng.random() < config.hang_share[kind]
-        detect = (costs.hang_timeout_s if policy.hang_detection else costs.nccl_timeout_s) if hang else costs.detect_exit_s
-        recover = _recovery_s(kind, policy, costs)
-        tally.detect_s += detect
-        tally.recover_s += recover
-        clock += detect + recover
-    return tally
+        if from_lemon:
+            fault, node_fault = self.config.lemon_fault, True
+            tally.lemon_failures += 1
+            self.lemons -= 1  # it leaves this job: swapped out, excluded, or the job moves to a new allocation
+        else:
+            fault = _pick(self.config.faults, u_class)
+            node_fault = u_exclude < fault.exclude_share
+        detect = _detection_s(fault.symptom(u_symptom), self.policy, self.costs)
+        restart, wait = self._recover(node_fault)
+        tally.detection += detect
+        tally.recovery += restart
+        tally.queue_wait += wait
+        return detect + restart + wait
+
+    def _recover(self, node_fault: bool) -> tuple[float, float]:
+        """(restart seconds, queue-wait seconds) for one failure, updating spares and lemons."""
+        policy, costs = self.policy, self.costs
+        if policy.recovery is Recovery.IN_ALLOCATION and not node_fault:
+            return costs.restart_in_alloc_s, 0.0
+        if policy.recovery is Recovery.IN_ALLOCATION and policy.exclude_nodes and self.spares > 0:
+            self.spares -= 1
+            self.tally.spare_swaps += 1
+            self.lemons += self.pool.random() < self.density  # the spare came from the same pool
+            return costs.spare_swap_s, 0.0
+        futile = costs.restart_in_alloc_s if policy.recovery is Recovery.IN_ALLOCATION and not policy.exclude_nodes \
+            else 0.0  # in place on the broken node: the restart fails at start-up, then the job is requeued
+        self.tally.requeues += 1
+        self._allocate()
+        return futile + costs.job_start_s, costs.requeue_wait_s
 
 
-def _lemons_after(kind: str, lemons: int, rate: float, config: SimConfig, policy: Policy,
-                  rng: random.Random) -> int:
-    """Lemon nodes in the job after this failure. Quarantine removes a failing node at its first hardware fault,
-    so a lemon never stays; without it the node comes back (requeue without exclusion, or swapped back later)."""
-    if kind != "hardware" or policy.quarantine:
-        return lemons
-    from_lemon = rng.random() < (lemons / config.lemon_mtbf_s) / rate
-    if not from_lemon and rng.random() < config.lemon_share:
-        return lemons + 1
-    return lemons
-
-
-def _recovery_s(kind: str, policy: Policy, costs: SimCosts) -> float:
-    if not policy.in_allocation_restart:
-        return costs.requeue_s
-    if kind == "hardware":
-        return costs.spare_swap_s if policy.spare_nodes > 0 else costs.requeue_s
-    return costs.restart_in_alloc_s
+def _pick(faults: Sequence[FaultClass], u: float) -> FaultClass:
+    acc = 0.0
+    for fault in faults:
+        acc += fault.share
+        if u < acc:
+            return fault
+    return faults[-1]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class SimResult:
     gpus: int
+    nodes: int
     policy: str
     ettr: float
-    ettr_ci95: float
+    ettr_ci95: float  # half-width of the 95% confidence interval over replicas
     failures_per_day: float
-    mtbf_h: float
-    lost_fraction: dict[str, float]
+    lemon_failures_per_day: float
+    requeues_per_day: float
+    spare_swaps_per_day: float
+    job_mtbf_h: float  # from first faults alone (lemon repeats come on top)
+    interval_s: float  # the checkpoint interval at the end of the run (mean over replicas)
+    spare_nodes: int
+    spare_gpu_share: float  # GPUs held idle as spares, of all the job's GPUs (not counted in ETTR)
+    lost_fraction: dict[str, float]  # of wall time, per Tally.LOST
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -204,37 +464,70 @@ class SimResult:
 
 def simulate(config: SimConfig, policy: Policy, costs: SimCosts | None = None) -> SimResult:
     costs = costs or SimCosts()
-    rng = random.Random(f"{config.seed}:{config.gpus}:{policy.name}")
-    tallies = [_run_replica(config, policy, costs, rng) for _ in range(config.replicas)]
-    wall = config.horizon_h * 3600.0
-    ettrs = [t.productive_s / (t.productive_s + t.checkpoint_s + t.rework_s + t.detect_s + t.recover_s)
-             for t in tallies]
+    tallies = [_Job(config, policy, costs, replica).run() for replica in range(config.replicas)]
+    ettrs = [t.ettr for t in tallies]
     spread = statistics.stdev(ettrs) if len(ettrs) > 1 else 0.0
+    days = config.horizon_h / 24.0
+    spares = policy.spare_nodes(config.nodes)
 
-    def share(attr: str) -> float:
-        return statistics.fmean(getattr(t, attr) for t in tallies) / wall
+    def per_day(attr: str) -> float:
+        return statistics.fmean(getattr(t, attr) for t in tallies) / days
 
     return SimResult(
-        gpus=config.gpus,
-        policy=policy.name,
-        ettr=statistics.fmean(ettrs),
-        ettr_ci95=1.96 * spread / math.sqrt(len(ettrs)),
-        failures_per_day=statistics.fmean(t.failures for t in tallies) / config.horizon_h * 24,
-        mtbf_h=config.mtbf_s / 3600,
-        lost_fraction={k: share(k + "_s") for k in ("checkpoint", "rework", "detect", "recover")},
+        gpus=config.gpus, nodes=config.nodes, policy=policy.name,
+        ettr=statistics.fmean(ettrs), ettr_ci95=1.96 * spread / math.sqrt(len(ettrs)),
+        failures_per_day=per_day("failures"), lemon_failures_per_day=per_day("lemon_failures"),
+        requeues_per_day=per_day("requeues"), spare_swaps_per_day=per_day("spare_swaps"),
+        job_mtbf_h=config.mtbf_s / 3600.0, interval_s=statistics.fmean(t.interval_s for t in tallies),
+        spare_nodes=spares, spare_gpu_share=spares / (config.nodes + spares),
+        lost_fraction={k: statistics.fmean(getattr(t, k) / t.wall for t in tallies) for k in Tally.LOST},
     )
 
 
 def sweep(gpus: Iterable[int] = DEFAULT_GPUS, policies: Iterable[Policy] = POLICIES, *,
-          costs: SimCosts | None = None, replicas: int = 16, horizon_h: float = 24.0 * 14, seed: int = 0,
-          progress: Callable[[SimResult], None] | None = None) -> list[SimResult]:
-    """Every (gpus, policy) pair; ``progress`` is called after each."""
+          costs: SimCosts | None = None, progress: Callable[[SimResult], None] | None = None,
+          **config: Any) -> list[SimResult]:
+    """Every (gpus, policy) pair; ``config`` holds SimConfig fields; ``progress`` is called after each pair."""
+    policies = tuple(policies)
     results = []
     for count in gpus:
-        config = SimConfig(gpus=count, replicas=replicas, horizon_h=horizon_h, seed=seed)
+        sim_config = SimConfig(gpus=count, **config)
         for policy in policies:
-            result = simulate(config, policy, costs)
+            result = simulate(sim_config, policy, costs)
             results.append(result)
             if progress:
                 progress(result)
     return results
+
+
+def sensitivity(config: SimConfig, policy: Policy, costs: SimCosts | None = None,
+                factors: Sequence[float] = (0.5, 2.0)) -> list[dict[str, Any]]:
+    """ETTR with each cost the policy uses scaled by each factor, one at a time."""
+    costs = costs or SimCosts()
+    rows = []
+    for name in _costs_used(policy):
+        row: dict[str, Any] = {"cost": name, "value_s": getattr(costs, name)}
+        for factor in factors:
+            row[f"ettr_x{factor:g}"] = simulate(config, policy, costs.scaled(name, factor)).ettr
+        rows.append(row)
+    return rows
+
+
+def _costs_used(policy: Policy) -> list[str]:
+    names = ["checkpoint_stall_s", "checkpoint_write_s", "detect_crash_s"]
+    names += ["detect_hang_s", "detect_node_loss_s"] if policy.hang_detection else \
+        ["baseline_detect_hang_s", "baseline_detect_node_loss_s"]
+    if policy.recovery is Recovery.IN_ALLOCATION:
+        names.append("restart_in_alloc_s")
+        if policy.spare_fraction > 0 and policy.exclude_nodes:
+            names.append("spare_swap_s")
+    if not policy.async_checkpoint:
+        names.remove("checkpoint_stall_s")
+    return names + ["requeue_wait_s", "job_start_s"]
+
+
+def config_dict(config: SimConfig) -> dict[str, Any]:
+    """The failure model and run settings, for the results JSON (without the job size)."""
+    data = dataclasses.asdict(config)
+    data.pop("gpus")
+    return data

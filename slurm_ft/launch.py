@@ -227,6 +227,7 @@ class Launcher:
                                f"({', '.join(self.allocation) or 'empty'}) with {config.spare_nodes} spare(s)")
         self.attempts = 0
         self._last_root: tuple[Any, ...] | None = None
+        self._stopping: tuple[str, str, list[str]] = ("unknown", "", [])
 
     def run(self) -> int:
         retries_left = self.config.max_restarts
@@ -251,7 +252,11 @@ class Launcher:
                 self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
                 continue  # a membership change: no retry used
             if result.outcome is Outcome.FAILED and not self._recoverable():
-                return self._exit(result.exit_code or 1, "not recoverable in place")
+                from slurm_ft.monitor import stop_comment
+
+                category, reason, evidence = self._stopping
+                self._comment(stop_comment(category, f"by=launch {reason}", evidence))
+                return self._exit(result.exit_code or 1, "not recoverable in place", cause=category)
             if retries_left == 0:
                 return self._exit(result.exit_code or 1, "in-place restart budget exhausted")
             retries_left -= 1
@@ -363,17 +368,25 @@ class Launcher:
         root = errors[0]
         key = (root.rank, root.exc_type, root.step)
         repeated, self._last_root = key == self._last_root, key
+        verdict = None
+        if self.classify_fn is not None:
+            from slurm_ft.classify.records import Evidence
+
+            verdict = self.classify_fn(Evidence(errors=tuple(errors), in_allocation=True))
+            self._event("verdict", attempt=self.attempts, root_cause_rank=root.rank, verdict=verdict.to_dict())
+        category = verdict.category.value if verdict is not None else "unknown"
+        evidence = list(verdict.evidence[:2]) if verdict is not None else [
+            f"rank {root.rank}: {root.exc_type}: {root.message}"]
         if repeated:  # the same rank failed the same way at the same step again: deterministic, not a fault
             self._event("repeated_root_cause", attempt=self.attempts, rank=root.rank, exc_type=root.exc_type,
                         step=root.step)
+            self._stopping = (category, f"same root cause twice (rank {root.rank} {root.exc_type} step {root.step})",
+                              evidence)
             return False
-        if self.classify_fn is None:
-            return True
-        from slurm_ft.classify.records import Evidence
-
-        verdict = self.classify_fn(Evidence(errors=tuple(errors), in_allocation=True))
-        self._event("verdict", attempt=self.attempts, root_cause_rank=errors[0].rank, verdict=verdict.to_dict())
-        return bool(verdict.recoverable)
+        if verdict is not None and not verdict.recoverable:
+            self._stopping = (category, "not recoverable", evidence)
+            return False
+        return True
 
     def _archive(self, attempt: int) -> None:
         """Move the last attempt's heartbeats and error files to ``attempt-<N>/``."""
@@ -457,15 +470,23 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
 
 
 def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> None:
-    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job (skipped when not writable)."""
+    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless the prolog (root, from the
+    SPANK options) already did; skipped when the state dir is not writable (the usual case for users)."""
     from slurm_ft import config as ft_config
-    from slurm_ft.monitor import FtJob, write_registration
+    from slurm_ft.errors import ConfigError
+    from slurm_ft.monitor import FtJob, registry_path, write_registration
 
     job_id = environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return
     try:
-        state = ft_config.state_dir()
+        state = ft_config.state_dir(ft_config.load_site_config())
+    except ConfigError as exc:
+        log.info("not registered with the monitor (%s)", exc)
+        return
+    if os.path.lexists(registry_path(state, int(job_id))):
+        return
+    try:
         write_registration(state, FtJob(job_id=int(job_id), ckpt_dir=ft_env.job_setting(ft_env.CKPT_DIR, environ) or "",
                                         run_dir=str(config.run_dir), max_restarts=config.max_restarts,
                                         user_id=os.getuid()))

@@ -195,6 +195,15 @@ class MonitorDb:
         self.conn.execute("UPDATE actions SET state=?, time=? WHERE job_id=? AND restart_count=? AND action=?",
                           (ActionState.DONE.value, now, job_id, restart_count, action))
 
+    def struck(self, job_id: int, node: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM actions WHERE job_id=? AND action=?",
+                                 (job_id, f"strike:{node}")).fetchone() is not None
+
+    def record_strike(self, job_id: int, restart_count: int, node: str, category: str, now: float) -> None:
+        self.conn.execute("INSERT OR IGNORE INTO actions VALUES (?,?,?,?,?,?)",
+                          (job_id, restart_count, f"strike:{node}", ActionState.DONE.value,
+                           json.dumps({"node": node, "category": category}), now))
+
     def forget(self, job_id: int, restart_count: int, action: str) -> None:
         self.conn.execute("DELETE FROM actions WHERE job_id=? AND restart_count=? AND action=?",
                           (job_id, restart_count, action))
@@ -265,22 +274,31 @@ def gather_evidence(state_dir: Path, job: JobInfo, ft: FtJob, nodes: dict[str, N
 # --- decisions ------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    """What to do about one ended job: requeue (with excluded nodes) or stop (with a reason)."""
+    """What to do about one ended job: requeue (with excluded nodes) or stop (with a reason).
+
+    ``culprits`` get a quarantine strike (the classifier's nodes: Slurm's node states, the epilog's reports);
+    ``exclude`` only keeps this job off nodes its own launcher found bad (``bad_nodes=`` in its Comment)."""
 
     requeue: bool
     category: str
     reason: str
     culprits: tuple[str, ...] = ()
     resume_step: int | None = None
+    exclude: tuple[str, ...] = ()
 
 
 def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None, budget: int,
            previous_resume_step: int | None, restarted_before: bool) -> Decision:
-    """Pure: the verdict, the restart budget and checkpoint progress -> requeue or stop."""
+    """Pure: the verdict, the launcher's word (the job's Comment), the restart budget and checkpoint progress
+    -> requeue or stop."""
     category = verdict.category.value
     culprits = tuple(verdict.culprit.nodes)
     if not verdict.recoverable or verdict.action in (Action.STOP, Action.NONE):
         return Decision(requeue=False, category=category, reason="not recoverable", resume_step=resume_step)
+    launcher_stop = parse_launcher_stop(job.comment)
+    if launcher_stop is not None and not culprits:  # it saw the same root cause at the same step twice
+        return Decision(requeue=False, category=category, reason=f"stopped by slurm-ft launch ({launcher_stop})",
+                        resume_step=resume_step)
     if job.restart_count >= budget:
         return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({budget})",
                         resume_step=resume_step)
@@ -288,8 +306,9 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
         return Decision(requeue=False, category=category,
                         reason=f"crash loop: no checkpoint progress since the last restart (step {resume_step})",
                         resume_step=resume_step)
+    exclude = tuple(n for n in parse_bad_nodes(job.comment) if n in job.nodes and n not in culprits)
     return Decision(requeue=True, category=category, reason="recoverable", culprits=culprits,
-                    resume_step=resume_step)
+                    resume_step=resume_step, exclude=exclude)
 
 
 def requeue_comment(restart: int, resume_step: int | None, category: str) -> str:
@@ -303,6 +322,26 @@ def stop_comment(category: str, reason: str, evidence: Iterable[str]) -> str:
         text += f"; {item}"
     text = " ".join(text.replace(",", ";").split())  # one line; scontrol's Comment= must not hold commas
     return text if len(text) <= MAX_COMMENT else text[: MAX_COMMENT - 3] + "..."
+
+
+def _comment_words(comment: str) -> dict[str, str]:
+    if not comment.startswith(COMMENT_TAG):
+        return {}
+    return dict(word.partition("=")[::2] for word in comment[len(COMMENT_TAG):].split() if "=" in word)
+
+
+def parse_bad_nodes(comment: str) -> tuple[str, ...]:
+    """Nodes the launcher found bad before it gave up: ``slurm-ft: tempfail bad_nodes=n2+n5 ...``."""
+    if not comment.startswith(f"{COMMENT_TAG} tempfail"):
+        return ()
+    return tuple(n for n in _comment_words(comment).get("bad_nodes", "").split("+") if n)
+
+
+def parse_launcher_stop(comment: str) -> str | None:
+    """The launcher's stop (``slurm-ft: stopped ... by=launch ...``): the text after the tag, else None."""
+    if comment.startswith(f"{COMMENT_TAG} stopped") and _comment_words(comment).get("by") == "launch":
+        return comment[len(COMMENT_TAG):].strip()[:200]
+    return None
 
 
 def parse_resume_step(comment: str) -> int | None:
@@ -371,6 +410,8 @@ class Monitor:
         if self._requeued_by_slurm(job, row):
             return self._adopt(job, ft, nodes, row)
         if not job.state.finished:
+            if job.state is JobState.RUNNING:
+                self._lost_nodes(job, row, nodes)
             self._watching(job, row)
             return 0
         if row is not None and row["status"] in (JobStatus.STOPPED.value, JobStatus.DONE.value) \
@@ -432,6 +473,8 @@ class Monitor:
                             else JobStatus.WATCHING, now=self.clock(), nodes=job.nodes or None)
 
     def _judge(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None) -> int:
+        if row is not None:  # a job run with --no-kill loses a dead node from its list: judge on all it had
+            job = dataclasses.replace(job, nodes=tuple(dict.fromkeys([*json.loads(row["nodes"] or "[]"), *job.nodes])))
         evidence = gather_evidence(self.config.state_dir, job, ft, nodes)
         verdict = self.classify_fn(evidence)
         self.metrics.failure(verdict.category.value)
@@ -453,17 +496,35 @@ class Monitor:
         return 1
 
     def _strike(self, job: JobInfo, verdict: Verdict, decision: Decision) -> None:
-        if self.quarantine is None:
-            return
         for node in decision.culprits:
-            try:
-                state = self.quarantine.strike(node, verdict.category, "; ".join(verdict.evidence)[:200], job.job_id)
-                self._event("node_strike", job_id=job.job_id, node=node, state=str(getattr(state, "value", state)))
-            except Exception as exc:
-                self._event("strike_error", job_id=job.job_id, node=node, error=f"{type(exc).__name__}: {exc}")
+            self._strike_node(job, node, verdict.category.value, "; ".join(verdict.evidence)[:200])
+
+    def _strike_node(self, job: JobInfo, node: str, category: str, evidence: str) -> None:
+        """One quarantine strike per (job, node), however often the job's failure is looked at."""
+        if self.quarantine is None or self.db.struck(job.job_id, node):
+            return
+        try:
+            state = self.quarantine.strike(node, category, evidence, job.job_id)
+        except Exception as exc:  # the quarantine store is another component: log, go on
+            self._event("strike_error", job_id=job.job_id, node=node, error=f"{type(exc).__name__}: {exc}")
+            return
+        self.db.record_strike(job.job_id, job.restart_count, node, category, self.clock())
+        self._event("node_strike", job_id=job.job_id, node=node, category=category,
+                    state=str(getattr(state, "value", state)))
+
+    def _lost_nodes(self, job: JobInfo, row: sqlite3.Row | None, nodes: dict[str, NodeInfo]) -> None:
+        """A node of a running job that Slurm now calls down or not responding (with ``--no-kill`` the job lives
+        on, its launcher swaps in a spare): a hardware_node strike, on Slurm's word."""
+        if row is None or self.config.dry_run:
+            return
+        for name in json.loads(row["nodes"] or "[]"):
+            info = nodes.get(name)
+            if info is not None and (info.down or "NOT_RESPONDING" in info.state):
+                self._strike_node(job, name, "hardware_node",
+                                  f"{name}: node state {'+'.join(sorted(info.state))} under running job {job.job_id}")
 
     def _requeue(self, job: JobInfo, decision: Decision) -> None:
-        detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
+        detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits) | set(decision.exclude)),
                   "comment": requeue_comment(job.restart_count + 1, decision.resume_step, decision.category),
                   "resume_step": decision.resume_step}
         self.db.intent(job.job_id, job.restart_count, "requeue", detail, self.clock())

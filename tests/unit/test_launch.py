@@ -253,3 +253,19 @@ def test_no_spare_and_slurm_never_declares_gives_up_after_the_wait(tmp_path):
                                    probe=lambda nodes: {"n1": "probe step failed (exit 1)"})
     assert launcher.run() == EX_TEMPFAIL
     assert events(tmp_path)[-1]["unconfirmed"] == ["n1"]
+
+
+def test_a_stop_puts_the_verdict_in_the_comment_while_the_job_still_runs(tmp_path):
+    from slurm_ft.monitor import parse_launcher_stop
+
+    run = tmp_path / "run"
+    error = ErrorRecord(rank=1, time=5.0, exc_type="ZeroDivisionError", message="division by zero", step=4)
+    comments = []
+    verdict = Verdict(category=Category.USER_CODE, recoverable=False, action=Action.STOP,
+                      evidence=("rank 1 error file: ZeroDivisionError: division by zero",))
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1, error=error)], classify_fn=lambda ev: verdict,
+                               set_comment=comments.append)
+    assert launcher.run() == 1
+    assert comments == ["slurm-ft: stopped cause=user_code by=launch not recoverable; "
+                        "rank 1 error file: ZeroDivisionError: division by zero"]
+    assert parse_launcher_stop(comments[0]).startswith("stopped cause=user_code")

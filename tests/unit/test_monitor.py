@@ -376,3 +376,64 @@ def test_stop_verdict_kept_when_slurm_refuses_the_comment(state, tmp_path):
     row = mon.db.action(100, 0, "stop")
     assert row["state"] == "done" and "stopped cause=hardware_node" in json.loads(row["detail"])["comment"]
     assert client.count("update") == 1  # not retried every poll
+
+
+class RecordingQuarantine:
+    def __init__(self):
+        self.strikes = []
+
+    def strike(self, node, category, evidence, job_id=None):
+        self.strikes.append((node, str(getattr(category, "value", category)), job_id))
+        return "quarantined"
+
+    def list(self):
+        return []
+
+
+def test_launcher_bad_nodes_are_excluded_but_not_struck(state, tmp_path):
+    register_job(state, tmp_path)
+    quarantine = RecordingQuarantine()
+    job = failed(state=JobState.FAILED, exit_code=75, comment="slurm-ft: tempfail bad_nodes=n2+n7 attempts=1")
+    client = FakeClient([job])
+    make(state, client, lambda ev: verdict(category=Category.NETWORK, nodes=()), quarantine=quarantine).poll_once()
+    update = next(c for c in client.calls if c[0] == "update")
+    assert update[3] == ("n2",)  # n7 was never the job's: a user's Comment cannot exclude it
+    assert quarantine.strikes == []  # the user's word keeps the job off a node; only Slurm's drains it
+
+
+def test_launcher_stop_is_respected_when_no_node_is_to_blame(state, tmp_path):
+    register_job(state, tmp_path)
+    job = failed(state=JobState.FAILED, comment="slurm-ft: stopped cause=unknown by=launch same root cause twice")
+    client = FakeClient([job])
+    mon = make(state, client, lambda ev: verdict(category=Category.UNKNOWN, nodes=()))
+    mon.poll_once()
+    assert client.count("requeue") == 0
+    assert mon.db.job(100)["status"] == "stopped"
+    assert "stopped by slurm-ft launch" in json.loads(mon.db.action(100, 0, "stop")["detail"])["comment"]
+
+
+def test_launcher_stop_is_overruled_by_hardware_evidence(state, tmp_path):
+    register_job(state, tmp_path)
+    job = failed(state=JobState.FAILED, comment="slurm-ft: stopped cause=user_code by=launch ...")
+    client = FakeClient([job])
+    make(state, client).poll_once()  # the verdict names n2 (hardware_node)
+    assert client.count("requeue") == 1
+
+
+def test_node_lost_under_a_running_job_is_struck_once(state, tmp_path):
+    register_job(state, tmp_path)
+    quarantine = RecordingQuarantine()
+    running = failed(state=JobState.RUNNING, nodes=("n1", "n2", "n3"))
+    client = FakeClient([running])
+    mon = make(state, client, lambda ev: verdict(nodes=("n2",)), quarantine=quarantine)
+    mon.poll_once()  # seen running on n1..n3
+    client.node_list = [NodeInfo(name="n2", state=frozenset({"DOWN", "NOT_RESPONDING"}))]
+    client.jobs_by_id[100] = dataclasses.replace(running, nodes=("n1", "n3"))  # --no-kill: n2 dropped
+    mon.poll_once()
+    mon.poll_once()
+    assert quarantine.strikes == [("n2", "hardware_node", 100)]
+    client.jobs_by_id[100] = dataclasses.replace(running, state=JobState.FAILED, nodes=("n1", "n3"))
+    mon.poll_once()  # the job fails later: judged on every node it had, n2 excluded, no second strike
+    update = next(c for c in client.calls if c[0] == "update")
+    assert "n2" in update[3]
+    assert quarantine.strikes == [("n2", "hardware_node", 100)]

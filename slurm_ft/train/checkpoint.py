@@ -1,16 +1,21 @@
 """Checkpoint manager over torch.distributed.checkpoint (DCP): FSDP2, DDP and single-process models.
 
-One save: every rank writes its DCP shards and its ``rank_<R>.pt`` local state (step, LR scheduler, extra
-state, RNG states) into the shared temp dir ``.tmp-step_<N>-<id>``; once all ranks are done, rank 0 checksums
-the files, writes the manifest and publishes the dir atomically (see :mod:`slurm_ft.train.layout`).
-Async saves block the loop only for a CPU staging copy; a background thread writes and commits, using its own
-gloo group so its collectives never interleave with training collectives. At most one save is in flight.
+One save: every rank writes its DCP shards and its ``rank_<R>.pt`` local state (step, LR scheduler, dataloader
+and extra state, RNG states) into the shared temp dir ``.tmp-step_<N>-<id>``, hashing each file as it writes it.
+Once all ranks are done, rank 0 gathers the digests, writes the manifest and publishes the dir atomically (see
+:mod:`slurm_ft.train.layout`). The checkpoint dir must be on a filesystem all ranks share.
+
+Async saves block the loop only for the staging copy into host memory; a background thread writes and
+commits. At most one save is in flight (the next save waits for it: back-pressure). Collectives of the manager
+run on two gloo groups of its own: ``ctl`` for the main thread's small agreements, ``ckpt`` for the one thread
+doing DCP I/O, so they never interleave with each other or with training collectives (any backend).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
+import datetime
+import hashlib
 import io
 import logging
 import os
@@ -23,49 +28,47 @@ import uuid
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 from slurm_ft import env
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.train import layout
+from slurm_ft.train.staging import Stager
+from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point
+
+__all__ = ["CRASH_POINTS", "TEST_CRASH_AT", "CheckpointConfig", "CheckpointError", "CheckpointManager",
+           "FileStorage", "SaveResult", "Storage"]
 
 log = logging.getLogger("slurm_ft.train.checkpoint")
 # Single-process saves pass no_dist=True on purpose; DCP's "assuming single process" warning is noise then.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized, assuming")
 
-TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": os._exit(17) there
-CRASH_POINTS = ("after_local_state", "after_shards", "before_manifest", "after_manifest", "after_rename",
-                "after_marker", "after_fsync")
 LOCAL_STATE = "rank_{rank:05d}.pt"
+DATALOADER_KEY = "dataloader"
 
 
 class CheckpointError(SlurmFtError):
     """Checkpoints exist but none can be loaded (the message names the bad files)."""
 
 
-def _crash_point(name: str, step: int | None = None) -> None:
-    """TEST-ONLY fault hook: die abruptly here when ``$SLURM_FT_TEST_CRASH_AT`` names this point (and step)."""
-    wanted = os.environ.get(TEST_CRASH_AT)
-    if wanted is not None and wanted in (name, f"{name}@{step}"):
-        log.warning("TEST-ONLY crash point %s reached: exiting", name)
-        os._exit(17)
-
-
 @dataclasses.dataclass(slots=True, kw_only=True)
 class CheckpointConfig:
     """Where and how often to checkpoint.
 
-    keep_last: newest committed checkpoints kept; keep_every: also keep every step divisible by it (0 = off);
-    async_save: stage on the loop, write in the background; emergency_deadline_s: budget for the save
-    that a SIGUSR1/SIGTERM triggers.
+    every: save every N steps (--ft-ckpt-every / SLURM_FT_CKPT_EVERY); keep_last: newest committed checkpoints
+    kept; keep_every: also keep every step divisible by it (0 = off); async_save: stage on the loop, write in
+    the background; emergency_deadline_s: from a SIGUSR1/SIGTERM to the end of the emergency save (past it the
+    process exits with 128+signal); verify: sha256 of every file at load (False: sizes only);
+    write_threads: DCP writer threads per rank; reuse_staging_buffers: keep the host staging copy between
+    async saves (faster stalls, one state's worth of host memory); collective_timeout_s: timeout of the
+    manager's gloo groups (a dead peer fails a save instead of hanging it).
     """
 
     dir: str
@@ -74,20 +77,29 @@ class CheckpointConfig:
     keep_every: int = 0
     async_save: bool = True
     emergency_deadline_s: float = 60.0
+    verify: bool = True
+    write_threads: int = 2
+    reuse_staging_buffers: bool = True
+    collective_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         require(isinstance(self.dir, (str, os.PathLike)) and str(self.dir) != "", "dir",
                 f"must be a non-empty path (--ft-ckpt-dir / SLURM_FT_CKPT_DIR), got {self.dir!r}")
         self.dir = str(self.dir)
-        for name in ("every", "keep_last", "keep_every"):
+        for name in ("every", "keep_last", "keep_every", "write_threads"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool), name, f"must be an integer, got {value!r}")
         require(self.every >= 1, "every", f"must be >= 1 (--ft-ckpt-every / SLURM_FT_CKPT_EVERY), got {self.every}")
         require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
         require(self.keep_every >= 0, "keep_every", f"must be >= 0 (0 = off), got {self.keep_every}")
-        require(isinstance(self.async_save, bool), "async_save", f"must be true or false, got {self.async_save!r}")
-        require(isinstance(self.emergency_deadline_s, (int, float)) and self.emergency_deadline_s > 0,
-                "emergency_deadline_s", f"must be > 0 seconds, got {self.emergency_deadline_s!r}")
+        require(self.write_threads >= 1, "write_threads", f"must be >= 1, got {self.write_threads}")
+        for name in ("async_save", "verify", "reuse_staging_buffers"):
+            value = getattr(self, name)
+            require(isinstance(value, bool), name, f"must be true or false, got {value!r}")
+        for name in ("emergency_deadline_s", "collective_timeout_s"):
+            value = getattr(self, name)
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
+                    f"must be > 0 seconds, got {value!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CheckpointConfig:
@@ -108,53 +120,18 @@ class CheckpointConfig:
         return cls(**values)
 
 
-class Storage(Protocol):
-    """The filesystem side of a save (swap it to inject faults)."""
-
-    def writer(self, path: Path) -> dcp.StorageWriter: ...
-    def reader(self, path: Path) -> dcp.StorageReader: ...
-    def write_file(self, path: Path, data: bytes) -> None: ...
-
-
-class FileStorage:
-    """DCP's filesystem writer/reader with fsync'd files."""
-
-    def writer(self, path: Path) -> dcp.StorageWriter:
-        return dcp.FileSystemWriter(path, sync_files=True)
-
-    def reader(self, path: Path) -> dcp.StorageReader:
-        return dcp.FileSystemReader(path)
-
-    def write_file(self, path: Path, data: bytes) -> None:
-        with open(path, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-
 @dataclasses.dataclass(slots=True, kw_only=True)
 class SaveResult:
+    """One save as this rank saw it. ``stall_s``: time the training loop was blocked; ``total_s``: until
+    committed (or failed); ``bytes_written``: this rank's files."""
+
     step: int
     ok: bool = False
     stall_s: float = 0.0
     total_s: float = 0.0
+    bytes_written: int = 0
     error: str = ""
     emergency: bool = False
-
-
-def _stage(obj: Any) -> Any:
-    """Deep copy with every tensor copied to CPU memory (DTensors keep their mesh and placements)."""
-    if isinstance(obj, DTensor):
-        local = obj.to_local().detach().to("cpu", copy=True)
-        return DTensor.from_local(local, obj.device_mesh, obj.placements, run_check=False,
-                                  shape=obj.shape, stride=obj.stride())
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _stage(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_stage(v) for v in obj)
-    return copy.deepcopy(obj)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -179,53 +156,75 @@ def _set_rng_state(state: Mapping[str, Any]) -> None:
         np.random.set_state(state["numpy"])
 
 
-class CheckpointManager:
-    """Save, commit, retain and resume checkpoints of one training run (construct on every rank)."""
+def _stateful(name: str, obj: Any) -> Any:
+    if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+        raise TypeError(f"{name} needs state_dict() and load_state_dict(), got {type(obj).__name__}")
+    return obj
 
-    def __init__(self, config: CheckpointConfig, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                 lr_scheduler: Any = None, extra_state: Mapping[str, Any] | None = None,
+
+class CheckpointManager:
+    """Save, commit, retain and resume checkpoints of one training run (construct on every rank).
+
+    ``dataloader_state``: anything with ``state_dict()``/``load_state_dict()`` holding the data position
+    (a stateful sampler or loader); ``extra_state``: more such objects by name. Both are saved per rank.
+    """
+
+    def __init__(self, config: CheckpointConfig, *, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, lr_scheduler: Any = None,
+                 dataloader_state: Any = None, extra_state: Mapping[str, Any] | None = None,
                  process_group: dist.ProcessGroup | None = None, storage: Storage | None = None) -> None:
         self.config = config
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
-        self.extra_state = dict(extra_state or {})
-        for name, obj in self.extra_state.items():
-            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"extra_state[{name!r}] needs state_dict() and load_state_dict()")
-        self.storage: Storage = storage or FileStorage()
+        self.extra_state = {name: _stateful(f"extra_state[{name!r}]", obj)
+                            for name, obj in dict(extra_state or {}).items()}
+        if dataloader_state is not None:
+            if DATALOADER_KEY in self.extra_state:
+                raise ValueError(f"extra_state[{DATALOADER_KEY!r}] clashes with dataloader_state")
+            self.extra_state[DATALOADER_KEY] = _stateful("dataloader_state", dataloader_state)
+        self.storage: Storage = storage or FileStorage(write_threads=config.write_threads)
         self.dir = Path(config.dir)
         self._distributed = dist.is_available() and dist.is_initialized()
-        self._group = process_group
         self.rank = dist.get_rank(process_group) if self._distributed else 0
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
-        self._bg_group = None
-        if self._distributed and config.async_save:
-            ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
-            self._bg_group = dist.new_group(ranks=ranks, backend="gloo")
+        self._ctl_group = self._new_group(process_group)   # main thread: tokens, agreements, resume
+        self._ckpt_group = self._new_group(process_group)  # the one thread doing DCP save/load
         self.rank_hosts = self._all_gather(socket.gethostname())
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._stager = Stager(reuse_buffers=config.reuse_staging_buffers)
         self._thread: threading.Thread | None = None
         self._inflight: SaveResult | None = None
         self._last_saved_step = -1
-        self._emergency = False
-        self._signals_installed = False
+        self._signals: dict[int, Any] = {}
+        self._signal_received: int | None = None
+        self._watchdog: threading.Timer | None = None
+        self._deadline_at = 0.0
         self.exit_requested = False
         self.last_stall_s = 0.0
+        self.resumed_from = 0
+        self.resumed_manifest: layout.Manifest | None = None
         self.results: list[SaveResult] = []
 
-    # ---- collectives (main-thread group unless told otherwise) ----
+    # ---- collectives (on the manager's own gloo groups) ----
+    def _new_group(self, process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+        if not self._distributed:
+            return None
+        ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
+        return dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=ranks is not None,
+                              timeout=datetime.timedelta(seconds=self.config.collective_timeout_s))
+
     def _all_gather(self, obj: Any, group: Any = None) -> list[Any]:
         if not self._distributed:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=group or self._group)
+        dist.all_gather_object(out, obj, group=group or self._ctl_group)
         return out
 
     def _broadcast(self, obj: Any, group: Any = None) -> Any:
         if not self._distributed:
             return obj
+        group = group or self._ctl_group
         box = [obj]
-        src = dist.get_global_rank(group or self._group, 0) if (group or self._group) is not None else 0
-        dist.broadcast_object_list(box, src=src, group=group or self._group)
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
         return box[0]
 
     # ---- state ----
@@ -237,7 +236,7 @@ class CheckpointManager:
         return {"model": model_sd}
 
     def _local_state(self, step: int) -> bytes:
-        state = {"step": step, "rng": _rng_state(),
+        state = {"step": step, "rng": _rng_state(), "world_size": self.world_size,
                  "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
                  "extra": {name: obj.state_dict() for name, obj in self.extra_state.items()}}
         buf = io.BytesIO()
@@ -253,8 +252,8 @@ class CheckpointManager:
                 "last_saved_step": self._last_saved_step}
 
     def maybe_save(self, step: int) -> bool:
-        """Save when ``step`` is on the interval, or synchronously when an emergency signal arrived
-        (then ``exit_requested`` turns true: the trainer should exit cleanly). Returns whether it saved."""
+        """Call on every rank after every step. Saves when ``step`` is on the interval, or at once when an
+        emergency signal reached any rank (then ``exit_requested`` turns true: the trainer should exit)."""
         if self._emergency_agreed():
             self._emergency_save(step)
             self.exit_requested = True
@@ -270,24 +269,24 @@ class CheckpointManager:
             raise ValueError(f"step must be >= 0, got {step}")
         blocking = (not self.config.async_save) if blocking is None else blocking
         start = time.monotonic()
-        self.wait()
+        self.wait()  # back-pressure: at most one save in flight
         result = SaveResult(step=step)
         self.results.append(result)
         token = self._broadcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         tmp = self.dir / layout.tmp_dir_name(step, token)
         state = self._state_dict()
         if not blocking:
-            state = _stage(state)
+            state = self._stager.stage(state)
         local = self._local_state(step)
         self._last_saved_step = step
-        if blocking or self._bg_group is None and self._distributed:
-            self._write_and_commit(result, state, local, tmp, self._group, start)
+        if blocking:
+            self._write_and_commit(result, state, local, tmp, start)
             result.stall_s = time.monotonic() - start
         else:
             result.stall_s = time.monotonic() - start
             self._inflight = result
             self._thread = threading.Thread(target=self._write_and_commit, name=f"slurm-ft-ckpt-{step}",
-                                            args=(result, state, local, tmp, self._bg_group, start), daemon=True)
+                                            args=(result, state, local, tmp, start), daemon=True)
             self._thread.start()
         self.last_stall_s = result.stall_s
         return result
@@ -303,50 +302,85 @@ class CheckpointManager:
         return True
 
     def close(self) -> None:
+        """Wait for the in-flight save, restore signal handlers, release the manager's groups."""
         self.wait()
-        if self._bg_group is not None:
-            dist.destroy_process_group(self._bg_group)
-            self._bg_group = None
+        self._disarm_watchdog()
+        for sig, old in self._signals.items():
+            signal.signal(sig, old)
+        self._signals = {}
+        for name in ("_ctl_group", "_ckpt_group"):
+            group = getattr(self, name)
+            if group is not None:
+                dist.destroy_process_group(group)
+                setattr(self, name, None)
 
+    # ---- emergency save ----
     def install_signal_handlers(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> None:
-        """On these signals, the next ``maybe_save`` saves synchronously and asks the trainer to exit."""
+        """On these signals the next ``maybe_save`` saves at once and asks the trainer to exit; a save not done
+        ``emergency_deadline_s`` after the signal ends the process (exit 128+signal; the partial save is
+        never loaded)."""
         def handler(signum: int, _frame: Any) -> None:
-            self._emergency = True
+            self._arm(signum)
         for sig in signals:
+            self._signals.setdefault(sig, signal.getsignal(sig))
             signal.signal(sig, handler)
-        self._signals_installed = True
 
-    # ---- save internals ----
+    def _arm(self, signum: int) -> None:
+        """Note the first emergency signal and start its deadline (idempotent)."""
+        if self._signal_received is not None:
+            return
+        self._signal_received = signum
+        self._deadline_at = time.monotonic() + self.config.emergency_deadline_s
+        self._watchdog = threading.Timer(self.config.emergency_deadline_s, self._deadline_expired, args=(signum,))
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _deadline_expired(self, signum: int) -> None:
+        log.error("emergency save not finished %.1fs after signal %d: exiting with %d (partial save not loaded)",
+                  self.config.emergency_deadline_s, signum, 128 + signum)
+        logging.shutdown()
+        os._exit(128 + signum)
+
+    def _disarm_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+
     def _emergency_agreed(self) -> bool:
-        """Whether any rank got an emergency signal (one all-reduce, only once handlers are installed)."""
-        if not self._signals_installed:
+        """Whether any rank got an emergency signal (one gloo all-reduce per step, once handlers are installed)."""
+        if not self._signals:
             return False
         if not self._distributed:
-            return self._emergency
-        flag = torch.tensor([1 if self._emergency else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            return self._signal_received is not None
+        flag = torch.tensor([self._signal_received or 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._ctl_group)
+        if flag.item():
+            self._arm(int(flag.item()))  # a peer got it: same deadline, counted from now
         return bool(flag.item())
 
     def _emergency_save(self, step: int) -> None:
-        deadline = time.monotonic() + self.config.emergency_deadline_s
-        if not self.wait(timeout=self.config.emergency_deadline_s):
-            log.error("emergency save at step %d: previous save still running after %.1fs", step,
-                      self.config.emergency_deadline_s)
-        if step == self._last_saved_step and (not self.results or self.results[-1].ok):
+        left = self._deadline_at - time.monotonic()
+        if not self.wait(timeout=max(0.0, left)):
+            log.error("emergency save at step %d: previous save still running at the deadline", step)
+            return  # the watchdog ends the process
+        if step == self._last_saved_step and (not self.results or self.results[-1].ok):  # saved or resumed
             log.warning("emergency: step %d already committed", step)
+            self._disarm_watchdog()
             return
-        result = self.save(step, blocking=True)
+        result = self.save(step, blocking=False)
         result.emergency = True
-        late = time.monotonic() - deadline
-        if late > 0:
-            log.error("emergency save at step %d overran its %.1fs deadline by %.1fs", step,
-                      self.config.emergency_deadline_s, late)
+        if not self.wait(timeout=max(0.0, self._deadline_at - time.monotonic())):
+            result.error = f"not finished within the {self.config.emergency_deadline_s}s emergency deadline"
+            log.error("emergency save at step %d %s", step, result.error)
+            return
+        self._disarm_watchdog()
         log.warning("emergency save at step %d: %s", step, "committed" if result.ok else f"FAILED: {result.error}")
 
+    # ---- save internals ----
     def _write_and_commit(self, result: SaveResult, state: dict[str, Any], local: bytes, tmp: Path,
-                          group: Any, start: float) -> None:
+                          start: float) -> None:
         try:
-            self._write_and_commit_or_raise(result.step, state, local, tmp, group)
+            result.bytes_written = self._write_and_commit_or_raise(result.step, state, local, tmp)
             result.ok = True
             log.info("checkpoint step %d committed (%.2fs)", result.step, time.monotonic() - start)
         except (Exception, CheckpointException) as exc:  # a failed save must not kill training; it is reported
@@ -357,27 +391,33 @@ class CheckpointManager:
         finally:
             result.total_s = time.monotonic() - start
 
-    def _write_and_commit_or_raise(self, step: int, state: dict[str, Any], local: bytes, tmp: Path,
-                                   group: Any) -> None:
+    def _write_and_commit_or_raise(self, step: int, state: dict[str, Any], local: bytes, tmp: Path) -> int:
+        """All ranks write, then rank 0 commits; every rank raises the same error. Returns bytes this rank wrote."""
+        group = self._ckpt_group
         error = ""
+        local_name = LOCAL_STATE.format(rank=self.rank)
         try:
             tmp.mkdir(parents=True, exist_ok=True)
-            self.storage.write_file(tmp / LOCAL_STATE.format(rank=self.rank), local)
-            _crash_point("after_local_state", step)
+            self.storage.write_file(tmp / local_name, local)
+            crash_point("after_local_state", step)
         except OSError as exc:
             error = f"rank {self.rank}: {exc}"
         errors = [e for e in self._all_gather(error, group) if e]
         if errors:
             raise OSError(f"writing local state failed: {'; '.join(errors)}")
-        dcp.save(state, storage_writer=self.storage.writer(tmp), process_group=group, no_dist=not self._distributed)
-        _crash_point("after_shards", step)
+        writer = self.storage.writer(tmp, step=step)
+        dcp.save(state, storage_writer=writer, process_group=group, no_dist=not self._distributed)
+        crash_point("after_shards", step)
+        mine = dict(getattr(writer, "digests", {}))
+        mine[local_name] = layout.FileEntry(size=len(local), sha256=hashlib.sha256(local).hexdigest())
+        written = self._all_gather(mine, group)
         outcome = ""
         if self.rank == 0:
             try:
-                manifest = layout.Manifest(step=step, world_size=self.world_size, files=layout.scan_files(tmp),
+                files = _manifest_files(tmp, {k: v for part in written for k, v in part.items()})
+                manifest = layout.Manifest(step=step, world_size=self.world_size, files=files,
                                            rank_hosts=list(self.rank_hosts), time=time.time())
-                layout.commit(tmp, layout.step_dir(self.dir, step), manifest,
-                              lambda point: _crash_point(point, step))
+                layout.commit(tmp, layout.step_dir(self.dir, step), manifest, lambda point: crash_point(point, step))
                 for name in layout.apply_retention(self.dir, self.config.keep_last, self.config.keep_every):
                     log.info("retention removed %s", name)
             except OSError as exc:
@@ -385,11 +425,12 @@ class CheckpointManager:
         outcome = self._broadcast(outcome, group)
         if outcome:
             raise OSError(outcome)
+        return sum(entry.size for entry in mine.values())
 
     # ---- resume ----
     def resume(self, hint_step: int | None = None) -> int:
         """Load the hinted step (arg, else SLURM_FT_RESUME_STEP) if committed, else the newest committed one
-        whose checksums verify; fall back to older ones on corruption. Returns the step loaded (0: none)."""
+        whose files verify; fall back to older ones on corruption. Returns the step loaded (0: none)."""
         self.wait()
         if hint_step is None and env.job_setting(env.RESUME_STEP) is not None:
             raw = env.job_setting(env.RESUME_STEP)
@@ -406,9 +447,10 @@ class CheckpointManager:
                           "; ".join(problems))
                 problems_seen.extend(problems)
                 continue
-            self._load(step)
-            self._last_saved_step = step
-            log.info("resumed from checkpoint step %d (%s)", step, layout.step_dir(self.dir, step))
+            manifest = self._load(step)
+            self._last_saved_step, self.resumed_from, self.resumed_manifest = step, step, manifest
+            log.info("resumed from step %d (saved on %d ranks, now %d): %s", step, manifest.world_size,
+                     self.world_size, manifest.path)
             return step
         if problems_seen:
             raise CheckpointError(f"no loadable checkpoint in {self.dir}: {'; '.join(problems_seen)}")
@@ -424,21 +466,21 @@ class CheckpointManager:
         return steps
 
     def _verify(self, step: int) -> list[str]:
-        """Checksums of this step's files, split across ranks; every rank gets the full problem list."""
+        """This step's files checked against its manifest, split across ranks; all ranks get every problem."""
         path = layout.step_dir(self.dir, step)
         try:
             manifest = layout.read_manifest(path)
             names = sorted(manifest.files)[self.rank::self.world_size]
-            mine = layout.verify_files(manifest, names)
+            mine = layout.verify_files(manifest, names, checksums=self.config.verify)
         except layout.ManifestError as exc:
             mine = [str(exc)]
         return sorted({p for part in self._all_gather(mine) for p in part})
 
-    def _load(self, step: int) -> None:
+    def _load(self, step: int) -> layout.Manifest:
         path = layout.step_dir(self.dir, step)
         manifest = layout.read_manifest(path)
         state = self._state_dict()
-        dcp.load(state, storage_reader=self.storage.reader(path), process_group=self._group,
+        dcp.load(state, storage_reader=self.storage.reader(path), process_group=self._ckpt_group,
                  no_dist=not self._distributed)
         if self.optimizer is not None:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
@@ -447,7 +489,10 @@ class CheckpointManager:
             set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
         same_world = manifest.world_size == self.world_size
         local_file = path / LOCAL_STATE.format(rank=self.rank if same_world else 0)
-        local = torch.load(local_file, weights_only=False)
+        try:
+            local = torch.load(local_file, weights_only=False)
+        except Exception as exc:  # verified above, so this is a torn or foreign file written by someone else
+            raise CheckpointError(f"{local_file}: unreadable local state ({type(exc).__name__}: {exc})") from exc
         if local["step"] != step:
             raise CheckpointError(f"{local_file}: holds step {local['step']}, expected {step}")
         if self.lr_scheduler is not None and local["lr_scheduler"] is not None:
@@ -458,8 +503,30 @@ class CheckpointManager:
         if same_world:
             _set_rng_state(local["rng"])
         else:
-            log.warning("world size changed %d -> %d: resharded; RNG states not restored",
+            log.warning("world size changed %d -> %d: resharded; local state from rank 0, RNG states not restored",
                         manifest.world_size, self.world_size)
+        return manifest
+
+
+def _manifest_files(tmp: Path, written: dict[str, layout.FileEntry]) -> dict[str, layout.FileEntry]:
+    """Entries for every file in ``tmp``: the digests taken while writing, checked against the sizes on disk;
+    a file nobody reported (a custom storage) is hashed by reading it."""
+    on_disk = {p.relative_to(tmp).as_posix(): p for p in tmp.rglob("*") if p.is_file() and not p.is_symlink()}
+    files = {}
+    for name, path in sorted(on_disk.items()):
+        if name.startswith(f".{layout.MARKER}"):
+            continue
+        size = path.stat().st_size
+        entry = written.get(name)
+        if entry is None:
+            entry = layout.FileEntry(size=size, sha256=layout.sha256_file(path))
+        elif entry.size != size:
+            raise OSError(f"{path}: {size} bytes on disk, {entry.size} written")
+        files[name] = entry
+    missing = sorted(set(written) - set(on_disk))
+    if missing:
+        raise OSError(f"written but not in {tmp}: {', '.join(missing)}")
+    return files
 
 
 def _describe(exc: BaseException) -> str:

@@ -61,6 +61,7 @@ class FullDisk(FileStorage):
     """Fails every write with ENOSPC while ``full`` is set."""
 
     def __init__(self):
+        super().__init__()
         self.full = False
 
     def write_file(self, path, data):
@@ -203,3 +204,62 @@ def test_sigusr1_to_example_trainer_saves_and_exits_cleanly(tmp_path):
     result = json.loads(out.strip().splitlines()[-1])
     assert result["emergency"] and 0 < result["step"] < 1000
     assert layout.committed_steps(tmp_path) == [result["step"]]
+
+
+def test_manifest_digests_taken_while_writing_match_the_files(tmp_path):
+    mgr, model, opt, sched, pos = _setup(tmp_path, async_save=True)
+    _train(model, opt, sched, pos, 2)
+    result = mgr.save(2)
+    mgr.close()
+    manifest = layout.read_manifest(layout.step_dir(tmp_path, 2))
+    assert {".metadata", "rank_00000.pt"} <= set(manifest.files)
+    assert any(name.endswith(".distcp") for name in manifest.files)
+    assert set(manifest.files) == set(layout.scan_files(layout.step_dir(tmp_path, 2)))
+    assert layout.verify_files(manifest) == []  # sha256 recomputed from disk equals the one taken on the fly
+    assert result.ok and result.bytes_written == sum(e.size for e in manifest.files.values())
+
+
+def test_verify_off_checks_sizes_only(tmp_path):
+    mgr, model, opt, sched, pos = _setup(tmp_path)
+    _train(model, opt, sched, pos, 2)
+    mgr.save(2)
+    shard = next(layout.step_dir(tmp_path, 2).glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # same size, different content (a zip trailer byte DCP does not read)
+    shard.write_bytes(bytes(data))
+    manifest = layout.read_manifest(layout.step_dir(tmp_path, 2))
+    assert layout.verify_files(manifest, checksums=False) == []
+    assert "sha256 mismatch" in layout.verify_files(manifest)[0]
+
+
+class SlowDisk(FileStorage):
+    def write_file(self, path, data):
+        import time
+        time.sleep(30)
+
+
+EMERGENCY_SCRIPT = """
+import os, signal, sys, time, torch
+from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+sys.path.insert(0, sys.argv[2])
+from test_checkpoint_faults import SlowDisk
+model = torch.nn.Linear(2, 2)
+cfg = CheckpointConfig(dir=sys.argv[1], every=1000, emergency_deadline_s=1.0)
+mgr = CheckpointManager(cfg, model=model, storage=SlowDisk())
+mgr.install_signal_handlers()
+os.kill(os.getpid(), signal.SIGUSR1)
+mgr.maybe_save(7)  # returns at the deadline with the save still running
+time.sleep(60)  # the watchdog ends the process first
+"""
+
+
+def test_emergency_save_past_its_deadline_ends_the_process(tmp_path):
+    import sys
+    import time
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", EMERGENCY_SCRIPT, str(tmp_path), os.path.dirname(__file__)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGUSR1, proc.stderr[-2000:]
+    assert time.monotonic() - start < 20
+    assert "emergency save not finished 1.0s after signal" in proc.stderr
+    assert layout.committed_steps(tmp_path) == []

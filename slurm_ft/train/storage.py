@@ -1,0 +1,167 @@
+"""The filesystem side of a checkpoint save, behind a small interface so faults can be injected.
+
+``FileStorage`` wraps DCP's FileSystemWriter: files are fsync'd, and every file a rank writes is hashed while
+it is written (size and sha256 in ``writer.digests``), so the commit never reads the checkpoint back.
+TEST-ONLY crash points (``$SLURM_FT_TEST_CRASH_AT``) SIGKILL the process at named points of the protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from slurm_ft.train import layout
+
+log = logging.getLogger("slurm_ft.train.storage")
+
+TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": SIGKILL self there
+# In protocol order. mid_shard: a shard half written; before_metadata: shards on disk, DCP .metadata not yet.
+CRASH_POINTS = ("after_local_state", "mid_shard", "before_metadata", "after_shards", "before_manifest",
+                "after_manifest", "after_rename", "after_marker", "after_fsync")
+
+
+def crash_point(name: str, step: int | None = None) -> None:
+    """TEST-ONLY fault hook: SIGKILL this process when ``$SLURM_FT_TEST_CRASH_AT`` names this point (and step)."""
+    wanted = os.environ.get(TEST_CRASH_AT)
+    if wanted is not None and wanted in (name, f"{name}@{step}"):
+        log.warning("TEST-ONLY crash point %s reached: SIGKILL", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Storage(Protocol):
+    """The filesystem side of a save (swap it to inject faults)."""
+
+    def writer(self, path: Path, *, step: int) -> dcp.StorageWriter: ...
+    def reader(self, path: Path) -> dcp.StorageReader: ...
+    def write_file(self, path: Path, data: bytes) -> None: ...
+
+
+class _HashingStream:
+    """Write-only file wrapper that hashes what passes through (a seek makes the digest unusable)."""
+
+    def __init__(self, raw: Any, on_first_write: Any = None) -> None:
+        self.raw, self.size, self.sha = raw, 0, hashlib.sha256()
+        self.seeked = False
+        self._on_first_write = on_first_write
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha.update(view)
+        written = self.raw.write(view)
+        self.size += written
+        if self._on_first_write is not None:
+            hook, self._on_first_write = self._on_first_write, None
+            self.raw.flush()
+            hook()
+        return written
+
+    def seek(self, *args: Any) -> int:
+        self.seeked = True
+        return self.raw.seek(*args)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def writable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP FileSystem that records ``{name: FileEntry}`` of each file it writes under ``root``."""
+
+    def __init__(self, root: Path, step: int) -> None:
+        super().__init__()
+        self.root, self.step = Path(root), step
+        self.digests: dict[str, layout.FileEntry] = {}
+        self.unhashed: set[str] = set()
+
+    def _name(self, path: Any) -> str:
+        return Path(path).relative_to(self.root).as_posix()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        name = self._name(path)
+        hook = (lambda: crash_point("mid_shard", self.step)) if name.endswith(".distcp") else None
+        with super().create_stream(path, mode) as raw:
+            stream = _HashingStream(raw, hook)
+            yield stream
+        if stream.seeked:
+            self.unhashed.add(name)
+        else:
+            self.digests[name] = layout.FileEntry(size=stream.size, sha256=stream.sha.hexdigest())
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        super().rename(path, new_path)
+        old, new = self._name(path), self._name(new_path)
+        if old in self.digests:
+            self.digests[new] = self.digests.pop(old)
+        if old in self.unhashed:
+            self.unhashed.discard(old)
+            self.unhashed.add(new)
+
+
+class HashingWriter(dcp.FileSystemWriter):
+    """FileSystemWriter with fsync'd files whose ``digests`` list every file this rank wrote."""
+
+    def __init__(self, path: Path, *, step: int, thread_count: int = 1) -> None:
+        super().__init__(path, sync_files=True, thread_count=thread_count, overwrite=True)
+        self.fs = _HashingFileSystem(Path(path), step)
+
+    @property
+    def digests(self) -> dict[str, layout.FileEntry]:
+        return self.fs.digests
+
+    @property
+    def unhashed(self) -> set[str]:
+        return self.fs.unhashed
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        crash_point("before_metadata", self.fs.step)
+        super().finish(metadata, results)
+
+
+class FileStorage:
+    """DCP's filesystem writer/reader with fsync'd, hashed files; ``write_threads`` DCP writer threads."""
+
+    def __init__(self, *, write_threads: int = 1) -> None:
+        if write_threads < 1:
+            raise ValueError(f"write_threads must be >= 1, got {write_threads}")
+        self.write_threads = write_threads
+
+    def writer(self, path: Path, *, step: int = -1) -> dcp.StorageWriter:
+        return HashingWriter(path, step=step, thread_count=self.write_threads)
+
+    def reader(self, path: Path) -> dcp.StorageReader:
+        return dcp.FileSystemReader(path)
+
+    def write_file(self, path: Path, data: bytes) -> None:
+        with open(path, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -1,11 +1,20 @@
-"""Example trainer: a small MLP on deterministic synthetic data, FSDP2 over gloo, with slurm-ft checkpoints.
+"""Example trainer: a small MLP on deterministic synthetic data, FSDP2 (or DDP) over gloo, with slurm-ft.
 
     python -m torch.distributed.run --standalone --nproc-per-node=2 -m slurm_ft.train.example \
         --steps 20 --ckpt-dir /tmp/ck --ckpt-every 5 [--crash-at 1:12]
+    srun -N2 --ntasks-per-node=1 python -m slurm_ft.train.example --steps 20 --ckpt-dir /shared/ck
 
-Rank/world from RANK/WORLD_SIZE (torchrun) or SLURM_PROCID/SLURM_NTASKS (srun; MASTER_ADDR/MASTER_PORT from the
-launcher). Fault injection (``RANK:STEP``) fires only on an attempt that did not resume at or past that step.
-The last stdout line of rank 0 is ``{"step": N, "param_sha256": "...", ...}``.
+Rank/world from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (srun);
+MASTER_ADDR/MASTER_PORT from the launcher, else the first node of SLURM_JOB_NODELIST and a port derived from
+SLURM_JOB_ID. Before the first step: topology check, then resume from the newest committed checkpoint (or
+SLURM_FT_RESUME_STEP). Heartbeats every step and error files go to $SLURM_FT_RUN_DIR (default <ckpt-dir>/.slurm-ft).
+
+Fault injection by RANK:STEP fires when this run reaches STEP without having resumed at or past it; so a run
+that resumes from an earlier checkpoint fires it again (give the flag on the first attempt only, see
+slurm_ft.faults.first_attempt_only). --fail-at raises InjectedFault (user code), --crash-at SIGKILLs the rank,
+--hang-at stops making progress, --signal-at sends the rank SIGUSR1 (as Slurm's --signal does).
+
+The last stdout line of rank 0 is ``{"step": N, "param_sha256": "...", ...}`` (sha256 over all full parameters).
 """
 
 from __future__ import annotations
@@ -24,13 +33,14 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_ft import env
-from slurm_ft.train import records
+from slurm_ft.train import records, topology
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
 from slurm_ft.train.errors import StepTracker, record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
 
 IN_FEATURES = 16
 BATCH = 24
+MODEL_SIZES = {"small": 32, "medium": 1024}
 
 
 class InjectedFault(RuntimeError):
@@ -52,45 +62,93 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=int(env.job_setting(env.CKPT_EVERY) or 10))
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small", help="hidden width preset")
+    p.add_argument("--hidden", type=int, help="hidden width (overrides --model-size)")
+    p.add_argument("--parallel", choices=("fsdp", "ddp"), default="fsdp", help="with more than one rank")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
     p.add_argument("--sync", action="store_true", help="synchronous checkpoint saves")
-    for name in ("fail-at", "hang-at", "crash-at"):
+    p.add_argument("--emergency-deadline", type=float, default=60.0, help="seconds from SIGUSR1/SIGTERM to exit")
+    for name in ("fail-at", "hang-at", "crash-at", "signal-at"):
         p.add_argument(f"--{name}", type=_rank_step, metavar="RANK:STEP")
     args = p.parse_args(argv)
     if not args.ckpt_dir:
         p.error("--ckpt-dir is required (or SLURM_FT_CKPT_DIR)")
+    args.hidden = MODEL_SIZES[args.model_size] if args.hidden is None else args.hidden
     if args.steps < 0 or args.hidden < 1:
         p.error(f"--steps must be >= 0 and --hidden >= 1, got {args.steps} and {args.hidden}")
+    if args.ckpt_every < 1:
+        p.error(f"--ckpt-every must be >= 1, got {args.ckpt_every}")
     return args
 
 
-def _world() -> tuple[int, int]:
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-    world = os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))
-    return int(rank), int(world)
+def _world(environ=os.environ) -> tuple[int, int, int]:
+    """(rank, world size, local rank) under torchrun or srun; (0, 1, 0) alone."""
+    def pick(*names: str, default: str) -> int:
+        for name in names:
+            if environ.get(name, "") != "":
+                return int(environ[name])
+        return int(default)
+    return (pick("RANK", "SLURM_PROCID", default="0"), pick("WORLD_SIZE", "SLURM_NTASKS", default="1"),
+            pick("LOCAL_RANK", "SLURM_LOCALID", default="0"))
 
 
-def batch(seed: int, step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's slice of the global batch for ``step``: a pure function of (seed, step)."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+def rendezvous_env(environ) -> None:
+    """Fill MASTER_ADDR/MASTER_PORT for srun without a launcher: first allocated node, port from the job id."""
+    if not environ.get("MASTER_ADDR"):
+        nodes = topology.allocated_nodes(environ)
+        environ["MASTER_ADDR"] = nodes[0] if nodes else "127.0.0.1"
+    if not environ.get("MASTER_PORT"):
+        job = environ.get("SLURM_JOB_ID", "")
+        environ["MASTER_PORT"] = str(20000 + int(job) % 20000) if job.isdigit() else "29500"
+
+
+class SyntheticData:
+    """Deterministic batches: batch ``i`` is a pure function of (seed, i). ``position`` is the next batch
+    index; it is what the checkpoint saves as the dataloader state."""
+
+    def __init__(self, seed: int, rank: int, world: int, device: torch.device) -> None:
+        self.seed, self.rank, self.world, self.device = seed, rank, world, device
+        self.position = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch(self.seed, self.position, self.rank, self.world)
+        self.position += 1
+        return x.to(self.device), y.to(self.device)
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = int(state["position"])
+
+
+def batch(seed: int, index: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's slice of global batch ``index``: a pure function of (seed, index)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
     x = torch.randn(BATCH, IN_FEATURES, generator=gen)
     y = x.sum(dim=1, keepdim=True).sin()
     return x[rank::world], y[rank::world]
 
 
-def build_model(hidden: int, seed: int, world: int) -> nn.Module:
+def build_model(hidden: int, seed: int, world: int, *, parallel: str = "fsdp",
+                device: torch.device = torch.device("cpu")) -> nn.Module:
+    """MLP with dropout (so a resume must restore the RNG to be bitwise identical)."""
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                          nn.Linear(hidden, 1))
-    if world > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+    model = nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, hidden),
+                          nn.ReLU(), nn.Linear(hidden, 1)).to(device)
+    if world == 1:
+        return model
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model
 
 
@@ -108,6 +166,8 @@ def param_sha256(model: nn.Module) -> str:
 def _inject(args: argparse.Namespace, rank: int, step: int, resumed: int) -> None:
     def hit(spec):
         return spec is not None and spec == (rank, step) and resumed < step
+    if hit(args.signal_at):
+        os.kill(os.getpid(), signal.SIGUSR1)
     if hit(args.fail_at):
         raise InjectedFault(f"injected failure at rank {rank} step {step}")
     if hit(args.crash_at):
@@ -118,28 +178,26 @@ def _inject(args: argparse.Namespace, rank: int, step: int, resumed: int) -> Non
             time.sleep(3600)
 
 
-def train(args: argparse.Namespace, rank: int, world: int, tracker: StepTracker, run_dir: str) -> dict:
-    model = build_model(args.hidden, args.seed, world)
+def train(args: argparse.Namespace, rank: int, world: int, device: torch.device, tracker: StepTracker,
+          run_dir: str) -> dict:
+    report = topology.revalidate(ckpt_dir=args.ckpt_dir)
+    model = build_model(args.hidden, args.seed, world, parallel=args.parallel, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
+    data = SyntheticData(args.seed, rank, world, device)
     config = CheckpointConfig(dir=args.ckpt_dir, every=args.ckpt_every, keep_last=args.keep_last,
-                              async_save=not args.sync)
-    mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler)
+                              async_save=not args.sync, emergency_deadline_s=args.emergency_deadline)
+    mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()
-    try:
-        from slurm_ft.train import topology
-    except ImportError:
-        topology = None
-    if topology is not None:
-        topology.revalidate(ckpt_dir=args.ckpt_dir)
     heart = HeartbeatWriter(run_dir, rank)
     start = mgr.resume()
     loaded_sha = param_sha256(model) if start > 0 else None
     step, emergency = start, False
+    model.train()
     while step < args.steps:
         tracker.step = step + 1
         _inject(args, rank, step + 1, start)
-        x, y = batch(args.seed, step + 1, rank, world)
+        x, y = data.next()
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -155,21 +213,28 @@ def train(args: argparse.Namespace, rank: int, world: int, tracker: StepTracker,
             break
     mgr.close()
     return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,
-            "resumed_sha256": loaded_sha, "world_size": world,
-            "emergency": emergency, "checkpoint": mgr.stats}
+            "resumed_sha256": loaded_sha, "world_size": world, "data_position": data.position,
+            "emergency": emergency, "resharded_from": report.resharding[0] if report.resharding else None,
+            "checkpoint": mgr.stats}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank, world = _world()
+    rank, world, local_rank = _world()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
     run_dir = env.job_setting(env.RUN_DIR) or str(records.run_dir_for(args.ckpt_dir))
+    device = torch.device("cpu")
     with record_errors(run_dir, rank) as tracker:
+        if args.backend == "nccl":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+            topology.prepare_nccl_topo_dump(args.ckpt_dir)
         if world > 1:
-            dist.init_process_group("gloo", rank=rank, world_size=world)
+            rendezvous_env(os.environ)
+            dist.init_process_group(args.backend, rank=rank, world_size=world)
         try:
-            result = train(args, rank, world, tracker, run_dir)
+            result = train(args, rank, world, device, tracker, run_dir)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

@@ -1,19 +1,26 @@
 """Topology check on (re)start: the ranks we have are the ranks the allocation promised, on allowed nodes,
 and the collective layer actually works.
 
-Gathering (``observe``: hosts per rank, env, manifest, one all-reduce) is separate from judging (``judge``: a
-pure function returning one problem string per violation). Every rank raises the same TopologyError.
+Gathering (``observe``: a monitored barrier, hosts per rank, env, manifest, an all-reduce on the live group) is
+separate from judging (``judge``: a pure function returning one problem string per violation). Every rank
+raises the same TopologyError; a rank that never arrives is named by the barrier's timeout, not a hang.
+
+Allowed and reported, not an error: a world size or rank->host map that differs from the newest checkpoint's
+manifest (the load reshards). With NCCL, call ``prepare_nccl_topo_dump(ckpt_dir)`` before
+``init_process_group``: NCCL then writes its topology XML to ``<ckpt_dir>/topology/`` during the check.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
 from slurm_ft import env
 from slurm_ft.errors import SlurmFtError
@@ -23,6 +30,8 @@ from slurm_ft.train import layout
 log = logging.getLogger("slurm_ft.train.topology")
 
 EXCLUDED_NODES = env.EXCLUDED_NODES  # job setting SLURM_FT_EXCLUDED_NODES
+NCCL_TOPO_DUMP_FILE = "NCCL_TOPO_DUMP_FILE"
+TOPOLOGY_SUBDIR = "topology"
 
 
 class TopologyError(SlurmFtError):
@@ -33,10 +42,11 @@ class TopologyError(SlurmFtError):
 class Observed:
     world_size: int
     rank_hosts: list[str]
-    allocated_nodes: list[str]          # from SLURM_JOB_NODELIST ([] when not under Slurm)
-    expected_tasks: int | None          # SLURM_NTASKS
+    allocated_nodes: list[str]          # from SLURM_JOB_NODELIST / SLURM_NODELIST ([] when not under Slurm)
+    expected_tasks: int | None          # SLURM_NTASKS (srun-launched ranks only)
     excluded_nodes: list[str]
     checkpoint_world_size: int | None   # of the newest committed checkpoint
+    checkpoint_rank_hosts: list[str] = dataclasses.field(default_factory=list)
     allreduce_ok: bool = True
     allreduce_error: str = ""
     bandwidth_gbps: float | None = None
@@ -48,6 +58,8 @@ class TopologyReport:
     rank_hosts: list[str]
     resharding: tuple[int, int] | None  # (checkpoint world size, current) when they differ
     bandwidth_gbps: float | None
+    moved: list[str] = dataclasses.field(default_factory=list)  # rank->host changes since the checkpoint
+    nccl_topo_file: str | None = None
 
 
 def _ranks_on(hosts: list[str], wanted) -> dict[str, list[int]]:
@@ -77,31 +89,97 @@ def judge(obs: Observed, *, min_bandwidth_gbps: float = 0.0) -> list[str]:
     return problems
 
 
+def moved_ranks(before: list[str], now: list[str]) -> list[str]:
+    """Pure: ``"rank R: A -> B"`` for each rank whose host changed since the checkpoint (ranks both have)."""
+    return [f"rank {rank}: {old} -> {new}" for rank, (old, new) in enumerate(zip(before, now)) if old != new]
+
+
+def allocated_nodes(environ: Mapping[str, str]) -> list[str]:
+    return expand_hostlist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "")
+
+
 def _host(environ: Mapping[str, str]) -> str:
     return environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def _allreduce_check(timeout_s: float, nbytes: int) -> tuple[bool, str, float | None]:
-    """Sum of (rank+1) over all ranks, then an optional timed all-reduce of ``nbytes`` for bandwidth."""
+def topology_dir(ckpt_dir: str | os.PathLike[str]) -> Path:
+    return Path(ckpt_dir) / TOPOLOGY_SUBDIR
+
+
+def prepare_nccl_topo_dump(ckpt_dir: str | os.PathLike[str], environ: MutableMapping[str, str] | None = None,
+                           host: str | None = None) -> str:
+    """Point NCCL_TOPO_DUMP_FILE (unless set) at ``<ckpt_dir>/topology/nccl_topo.<host>.xml``; call before the
+    first NCCL communicator is created. NCCL writes it on one rank (NCCL_TOPO_DUMP_FILE_RANK, default 0)."""
+    environ = os.environ if environ is None else environ
+    if not environ.get(NCCL_TOPO_DUMP_FILE):
+        path = topology_dir(ckpt_dir) / f"nccl_topo.{host or _host(environ)}.xml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        environ[NCCL_TOPO_DUMP_FILE] = str(path)
+    return environ[NCCL_TOPO_DUMP_FILE]
+
+
+def _device_for(group) -> "object":
     import torch
     import torch.distributed as dist
-    world = dist.get_world_size()
-    probe = torch.full((16,), float(dist.get_rank() + 1))
-    work = dist.all_reduce(probe, async_op=True)
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+_CHECKS = [0]  # revalidate calls in this process: fresh store keys for each
+
+
+def _gather_hosts(host: str, timeout_s: float) -> list[str]:
+    """Hosts of all ranks through the rendezvous store, bounded by ``timeout_s``: ranks that do not arrive are
+    named (a TopologyError), never waited on forever. Rank 0 collects the hosts and publishes one key."""
+    import torch.distributed as dist
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _CHECKS[0] += 1
+    prefix = f"slurm_ft/topology/{_CHECKS[0]}"
+    keys = [f"{prefix}/arrived/{r}" for r in range(world)]
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store.set(keys[rank], host)
     try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        store.wait(keys, timeout)
+    except RuntimeError:
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise TopologyError(f"topology check failed: ranks {missing} did not arrive within {timeout_s}s") from None
+    if rank == 0:
+        store.set(f"{prefix}/hosts", json.dumps([store.get(key).decode() for key in keys]))
+    try:
+        store.wait([f"{prefix}/hosts"], timeout)
+    except RuntimeError:
+        raise TopologyError(f"topology check failed: rank 0 did not publish the hosts within {timeout_s}s") from None
+    return json.loads(store.get(f"{prefix}/hosts"))
+
+
+def _allreduce_check(timeout_s: float, nbytes: int) -> tuple[bool, str, float | None]:
+    """On the live group: sum of (rank+1) over all ranks, then an optional timed all-reduce of ``nbytes``."""
+    import torch
+    import torch.distributed as dist
+    world, device = dist.get_world_size(), _device_for(None)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    probe = torch.full((16,), float(dist.get_rank() + 1), device=device)
+    try:
+        dist.all_reduce(probe, async_op=True).wait(timeout=timeout)
     except RuntimeError as exc:
-        return False, f"no completion within {timeout_s}s ({exc})", None
+        return False, f"no completion within {timeout_s}s ({str(exc).splitlines()[0]})", None
     expected = world * (world + 1) / 2
     if not torch.all(probe == expected):
         return False, f"sum {probe[0].item()} != expected {expected}", None
     if nbytes <= 0:
         return True, "", None
-    payload = torch.ones(max(1, nbytes // 4))
+    payload = torch.ones(max(1, nbytes // 4), device=device)
+    dist.all_reduce(payload, async_op=True).wait(timeout=timeout)  # warm-up (algorithm setup, buffers)
     start = time.perf_counter()
-    dist.all_reduce(payload)
-    elapsed = time.perf_counter() - start
-    return True, "", nbytes / elapsed / 1e9
+    try:
+        dist.all_reduce(payload, async_op=True).wait(timeout=timeout)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except RuntimeError as exc:
+        return False, f"bandwidth probe: no completion within {timeout_s}s ({str(exc).splitlines()[0]})", None
+    return True, "", nbytes / (time.perf_counter() - start) / 1e9
 
 
 def observe(*, ckpt_dir: str | os.PathLike[str] | None, environ: Mapping[str, str],
@@ -114,8 +192,7 @@ def observe(*, ckpt_dir: str | os.PathLike[str] | None, environ: Mapping[str, st
     host = _host(environ)
     if distributed:
         world = dist.get_world_size()
-        hosts: list = [None] * world
-        dist.all_gather_object(hosts, host)
+        hosts = _gather_hosts(host, timeout_s)
         ok, error, bandwidth = _allreduce_check(timeout_s, bandwidth_bytes)
     else:
         world, hosts, ok, error, bandwidth = 1, [host], True, "", None
@@ -124,18 +201,19 @@ def observe(*, ckpt_dir: str | os.PathLike[str] | None, environ: Mapping[str, st
     # Under torchrun (inside or outside Slurm) tasks are not ranks: only srun-launched ranks must match NTASKS.
     ntasks = None if "TORCHELASTIC_RUN_ID" in environ else environ.get("SLURM_NTASKS")
     manifest = layout.latest_committed(ckpt_dir) if ckpt_dir else None
-    return Observed(world_size=world, rank_hosts=hosts,
-                    allocated_nodes=expand_hostlist(environ.get("SLURM_JOB_NODELIST", "")),
+    return Observed(world_size=world, rank_hosts=hosts, allocated_nodes=allocated_nodes(environ),
                     expected_tasks=int(ntasks) if ntasks and ntasks.isdigit() else None,
                     excluded_nodes=list(excluded_nodes),
                     checkpoint_world_size=manifest.world_size if manifest else None,
+                    checkpoint_rank_hosts=list(manifest.rank_hosts) if manifest else [],
                     allreduce_ok=ok, allreduce_error=error, bandwidth_gbps=bandwidth)
 
 
 def revalidate(*, ckpt_dir: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None,
                excluded_nodes: list[str] | None = None, timeout_s: float = 30.0,
                min_bandwidth_gbps: float = 0.0, bandwidth_bytes: int | None = None) -> TopologyReport:
-    """Check the topology on every rank (collective); raise TopologyError naming the differing ranks."""
+    """Check the topology on every rank (collective, before the first step); raise TopologyError naming the
+    differing ranks. ``excluded_nodes`` default: the hostlist in SLURM_FT_EXCLUDED_NODES."""
     if timeout_s <= 0 or min_bandwidth_gbps < 0:
         raise ValueError(f"timeout_s must be > 0 and min_bandwidth_gbps >= 0, got {timeout_s}, {min_bandwidth_gbps}")
     environ = os.environ if environ is None else environ
@@ -149,5 +227,10 @@ def revalidate(*, ckpt_dir: str | os.PathLike[str] | None = None, environ: Mappi
     if obs.checkpoint_world_size is not None and obs.checkpoint_world_size != obs.world_size:
         resharding = (obs.checkpoint_world_size, obs.world_size)
         log.warning("world size changed %d -> %d since the last checkpoint: resharding on load", *resharding)
+    moved = moved_ranks(obs.checkpoint_rank_hosts, obs.rank_hosts)
+    if moved:
+        log.info("ranks on other hosts than at the last checkpoint: %s", ", ".join(moved))
+    dump = environ.get(NCCL_TOPO_DUMP_FILE)
     return TopologyReport(world_size=obs.world_size, rank_hosts=obs.rank_hosts, resharding=resharding,
-                          bandwidth_gbps=obs.bandwidth_gbps)
+                          bandwidth_gbps=obs.bandwidth_gbps, moved=moved,
+                          nccl_topo_file=dump if dump and os.path.isfile(dump) else None)

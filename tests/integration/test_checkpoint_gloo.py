@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from slurm_ft.train import layout
+from slurm_ft.train import example, layout
+from slurm_ft.train.storage import CRASH_POINTS
 
 pytestmark = pytest.mark.gloo
 STEPS = 8
@@ -44,6 +46,19 @@ def test_kill9_of_one_rank_then_resume_is_bitwise_identical(tmp_path):
     resumed = _result(_run(tmp_path / "ft", 2, *common))
     assert resumed["resumed_from"] == committed[-1]
     assert resumed["step"] == clean["step"] == STEPS
+    assert resumed["data_position"] == STEPS  # the dataloader position came back with the checkpoint
+    assert resumed["param_sha256"] == clean["param_sha256"]
+
+
+def test_ddp_emergency_signal_on_one_rank_saves_everywhere_and_resumes_bitwise(tmp_path):
+    common = ("--steps", "6", "--ckpt-every", "100", "--parallel", "ddp")
+    clean = _result(_run(tmp_path / "clean", 2, *common))
+    stopped = _result(_run(tmp_path / "ft", 2, *common, "--signal-at", "1:4"))  # SIGUSR1 to rank 1 only
+    assert stopped["emergency"] and stopped["step"] == 4
+    assert layout.committed_steps(tmp_path / "ft") == [4]
+    assert layout.read_manifest(layout.step_dir(tmp_path / "ft", 4)).world_size == 2
+    resumed = _result(_run(tmp_path / "ft", 2, *common))
+    assert (resumed["resumed_from"], resumed["resumed_sha256"]) == (4, stopped["param_sha256"])
     assert resumed["param_sha256"] == clean["param_sha256"]
 
 
@@ -53,33 +68,40 @@ def test_resharding_4_to_2_to_3_loads_identical_full_params(tmp_path):
     saved4 = _result(_run(ckpt, 4, "--steps", "2", "--ckpt-every", "2", "--sync"))
     assert layout.read_manifest(layout.step_dir(ckpt, 2)).world_size == 4
     run2 = _result(_run(ckpt, 2, "--steps", "4", "--ckpt-every", "2", "--sync"))
-    assert (run2["resumed_from"], run2["world_size"]) == (2, 2)
+    assert (run2["resumed_from"], run2["world_size"], run2["resharded_from"]) == (2, 2, 4)
     assert run2["resumed_sha256"] == saved4["param_sha256"]
     assert layout.read_manifest(layout.step_dir(ckpt, 4)).world_size == 2
     run3 = _result(_run(ckpt, 3, "--steps", "4", "--ckpt-every", "2", "--sync"))
-    assert (run3["resumed_from"], run3["world_size"]) == (4, 3)
+    assert (run3["resumed_from"], run3["world_size"], run3["resharded_from"]) == (4, 3, 2)
     assert run3["resumed_sha256"] == run2["param_sha256"] != saved4["param_sha256"]
 
 
-CRASH_ARGS = ("--steps", "4", "--ckpt-every", "2", "--sync")
+# The sweep: a real saver process SIGKILLed at every point of the protocol, then resumed (in this process).
+CRASH_ARGS = ["--steps", "4", "--ckpt-every", "2", "--sync", "--hidden", "16"]
+COMMITTED_AT = {"after_marker", "after_fsync"}  # the marker is in place: step 4 is a checkpoint
+
+
+def _run_in_process(ckpt: Path, capsys) -> dict:
+    capsys.readouterr()
+    assert example.main([*CRASH_ARGS, "--ckpt-dir", str(ckpt)]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def reference_sha(tmp_path_factory):
-    return _result(_run(tmp_path_factory.mktemp("ref"), 1, *CRASH_ARGS))["param_sha256"]
+    proc = _run(tmp_path_factory.mktemp("ref"), 1, *CRASH_ARGS)
+    return _result(proc)["param_sha256"]
 
 
-# One point per outcome: temp dir only (also before_manifest/after_manifest), renamed without marker, committed.
-@pytest.mark.parametrize("point", ["after_shards", "after_rename", "after_marker"])
-def test_crash_at_each_commit_point_leaves_a_consistent_checkpoint(tmp_path, point, reference_sha):
-    args = CRASH_ARGS
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_sigkill_at_each_commit_point_resumes_from_a_consistent_checkpoint(tmp_path, point, reference_sha, capsys):
     ckpt = tmp_path / "ck"
-    crashed = _run(ckpt, 1, *args, env_extra={"SLURM_FT_TEST_CRASH_AT": f"{point}@4"}, check=False)
-    assert crashed.returncode == 17, crashed.stderr[-2000:]
+    crashed = _run(ckpt, 1, *CRASH_ARGS, env_extra={"SLURM_FT_TEST_CRASH_AT": f"{point}@4"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     latest = layout.latest_committed(ckpt)
-    assert latest.step == (4 if point == "after_marker" else 2)
+    assert latest.step == (4 if point in COMMITTED_AT else 2)
     assert layout.verify_files(latest) == []
-    resumed = _result(_run(ckpt, 1, *args))
+    resumed = _run_in_process(ckpt, capsys)
     assert resumed["resumed_from"] == latest.step
     assert resumed["param_sha256"] == reference_sha
     assert not list(ckpt.glob(".tmp-*")), "stale temp dirs are removed by the next commit"

@@ -1,10 +1,13 @@
-"""revalidate() inside the real example trainer under 2 gloo ranks."""
+"""revalidate() under real gloo groups: inside the example trainer, and with a rank that never arrives."""
 
+import datetime
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+import torch.multiprocessing as mp
 
 from slurm_ft.train import records
 
@@ -21,3 +24,31 @@ def test_trainer_on_excluded_node_fails_with_error_files_naming_ranks(tmp_path):
     assert sorted(e.rank for e in errors) == [0, 1]
     assert all(e.exc_type == "TopologyError" and "ranks [0, 1] run on excluded node 'n7'" in e.message
                for e in errors), [e.message for e in errors]
+
+
+def _rank(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from slurm_ft.train import topology
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    if rank == 2:  # never reaches the check (stuck in data loading, say)
+        time.sleep(5)
+        return
+    start = time.monotonic()
+    try:
+        topology.revalidate(environ={}, timeout_s=3)
+        message = "no error"
+    except topology.TopologyError as exc:
+        message = str(exc)
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as fh:
+        fh.write(f"{time.monotonic() - start:.1f}\n{message}")
+
+
+def test_missing_rank_is_a_topology_error_naming_it_not_a_hang(tmp_path):
+    init = f"file://{tmp_path}/store"
+    mp.start_processes(_rank, args=(3, init, str(tmp_path)), nprocs=3, start_method="spawn", join=True)
+    elapsed0, message0 = (tmp_path / "rank0.txt").read_text().split("\n", 1)
+    assert "ranks [2] did not arrive within 3s" in message0, message0
+    assert float(elapsed0) < 10
+    elapsed1, message1 = (tmp_path / "rank1.txt").read_text().split("\n", 1)
+    assert "ranks [2] did not arrive within 3s" in message1 and float(elapsed1) < 10, message1

@@ -42,3 +42,32 @@ def test_revalidate_single_process_reports_resharding_and_excluded(tmp_path):
     with pytest.raises(TopologyError, match="SLURM_NTASKS 2"):
         topology.revalidate(environ={**env, "SLURM_NTASKS": "2"})
     assert topology.revalidate(environ={}).rank_hosts == [socket.gethostname()]
+
+
+def test_moved_ranks_and_allocation_fallback():
+    assert topology.moved_ranks(["n1", "n2"], ["n1", "n3", "n4"]) == ["rank 1: n2 -> n3"]
+    assert topology.moved_ranks([], ["n1"]) == []
+    assert topology.allocated_nodes({"SLURM_NODELIST": "n[1-2]"}) == ["n1", "n2"]
+    assert topology.allocated_nodes({"SLURM_JOB_NODELIST": "a1", "SLURM_NODELIST": "n1"}) == ["a1"]
+
+
+def test_nccl_topo_dump_goes_next_to_the_checkpoint_unless_set(tmp_path):
+    environ = {}
+    path = topology.prepare_nccl_topo_dump(tmp_path, environ, host="n1")
+    assert path == str(tmp_path / "topology" / "nccl_topo.n1.xml") == environ["NCCL_TOPO_DUMP_FILE"]
+    assert (tmp_path / "topology").is_dir()
+    assert topology.prepare_nccl_topo_dump(tmp_path, {"NCCL_TOPO_DUMP_FILE": "/x.xml"}) == "/x.xml"
+
+
+def test_revalidate_reports_moved_ranks_and_nccl_dump(tmp_path):
+    from slurm_ft.train import layout
+    tmp = tmp_path / layout.tmp_dir_name(3, "aa")
+    tmp.mkdir()
+    layout.commit(tmp, layout.step_dir(tmp_path, 3),
+                  layout.Manifest(step=3, world_size=1, files={}, rank_hosts=["n9"]))
+    dump = tmp_path / "dump.xml"
+    dump.write_text("<system/>")
+    report = topology.revalidate(ckpt_dir=tmp_path, environ={"SLURMD_NODENAME": "n1",
+                                                             "NCCL_TOPO_DUMP_FILE": str(dump)})
+    assert report.resharding is None and report.moved == ["rank 0: n9 -> n1"]
+    assert report.nccl_topo_file == str(dump)

@@ -23,6 +23,9 @@ def test_train_package_import_is_torch_free():
     ({"dir": ""}, "dir"), ({"dir": "/x", "every": 0}, "every"), ({"dir": "/x", "keep_last": 0}, "keep_last"),
     ({"dir": "/x", "keep_every": -1}, "keep_every"), ({"dir": "/x", "every": "5"}, "every"),
     ({"dir": "/x", "emergency_deadline_s": 0}, "emergency_deadline_s"), ({"dir": "/x", "async_save": 1}, "async_save"),
+    ({"dir": "/x", "verify": "yes"}, "verify"), ({"dir": "/x", "write_threads": 0}, "write_threads"),
+    ({"dir": "/x", "collective_timeout_s": -1}, "collective_timeout_s"),
+    ({"dir": "/x", "reuse_staging_buffers": None}, "reuse_staging_buffers"),
 ])
 def test_checkpoint_config_names_bad_field(kwargs, field):
     from slurm_ft.train.checkpoint import CheckpointConfig
@@ -78,6 +81,30 @@ def test_example_fault_spec_parsing():
     assert args.fail_at == (1, 7) and args.crash_at is None
     with pytest.raises(SystemExit):
         example.parse_args(["--steps", "3", "--ckpt-dir", "/x", "--crash-at", "one"])
+
+
+def test_example_world_from_torchrun_or_srun_env():
+    from slurm_ft.train.example import _world, rendezvous_env
+    assert _world({}) == (0, 1, 0)
+    assert _world({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "0"}) == (3, 4, 1)
+    assert _world({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}) == (5, 8, 1)
+    environ = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123"}
+    rendezvous_env(environ)
+    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == ("gpu07", "20123")
+    kept = {"MASTER_ADDR": "head", "MASTER_PORT": "1234", "SLURM_JOB_NODELIST": "n1"}
+    rendezvous_env(kept)
+    assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("head", "1234")
+
+
+def test_example_data_position_round_trips():
+    import torch
+    from slurm_ft.train.example import SyntheticData
+    data = SyntheticData(0, 0, 1, torch.device("cpu"))
+    data.next(), data.next()
+    third = data.next()[0]
+    again = SyntheticData(0, 0, 1, torch.device("cpu"))
+    again.load_state_dict({"position": 2})
+    assert again.next()[0].equal(third) and again.state_dict() == {"position": 3}
 
 
 def test_example_batches_are_a_pure_function_of_seed_and_step():

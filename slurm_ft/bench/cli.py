@@ -53,6 +53,8 @@ def _add_sim(sub) -> None:
     sim.add_argument("--lemon-share", type=float, help="share of node faults from repeat offenders (default 0.1)")
     sim.add_argument("--lemon-mtbf-h", type=float, help="hours between a lemon's faults in service (default 24)")
     sim.add_argument("--triage-h", type=float, help="hours until a lemon is removed by hand (default 72)")
+    sim.add_argument("--spare-fraction", type=float,
+                     help="spare nodes as a share of the job's nodes, for the policies that hold spares (default 0.01)")
     sim.add_argument("--no-sensitivity", action="store_true", help="skip the per-cost sensitivity at 16,384 GPUs")
     sim.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     sim.set_defaults(func=run_sim)
@@ -63,7 +65,7 @@ def run_sim(args: argparse.Namespace) -> int:
     from slurm_ft.bench.report import Progress
 
     costs = _load_costs(args.costs) if args.costs else sim.SimCosts()
-    policies = _policies(args.policy)
+    policies = _policies(args.policy, args.spare_fraction)
     gpus = tuple(args.gpus) if args.gpus else sim.DEFAULT_GPUS
     overrides = {k: v for k, v in (("lemon_share", args.lemon_share), ("lemon_mtbf_h", args.lemon_mtbf_h),
                                    ("triage_h", args.triage_h)) if v is not None}
@@ -100,16 +102,22 @@ def _check_args(args: argparse.Namespace, gpus: tuple[int, ...]) -> None:
         raise SlurmFtError(f"--days: must be > 0, got {args.days}")
 
 
-def _policies(names: list[str] | None):
+def _policies(names: list[str] | None, spare_fraction: float | None):
+    import dataclasses
+
     from slurm_ft.bench import sim
 
-    if not names:
-        return sim.POLICIES
     known = [p.name for p in sim.POLICIES]
-    bad = [n for n in names if n not in known]
+    bad = [n for n in names or () if n not in known]
     if bad:
         raise SlurmFtError(f"--policy {bad[0]!r}: unknown (known: {', '.join(known)})")
-    return tuple(sim.policy_by_name(n) for n in names)
+    chosen = tuple(sim.policy_by_name(n) for n in names) if names else sim.POLICIES
+    if spare_fraction is None:
+        return chosen
+    if not 0 < spare_fraction < 1:
+        raise SlurmFtError(f"--spare-fraction: must be in (0, 1), got {spare_fraction}")
+    return tuple(dataclasses.replace(p, spare_fraction=spare_fraction) if p.spare_fraction > 0 else p
+                 for p in chosen)
 
 
 def _headline(sim, results) -> dict[str, Any] | None:

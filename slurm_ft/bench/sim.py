@@ -423,7 +423,7 @@ class _Job:
         if policy.recovery is Recovery.IN_ALLOCATION and policy.exclude_nodes and self.spares > 0:
             self.spares -= 1
             self.tally.spare_swaps += 1
-            self.lemons += self.pool.random() < self.density  # the spare came from the same pool
+            self.lemons += int(self.pool.random() < self.density)  # the spare came from the same pool
             return costs.spare_swap_s, 0.0
         futile = costs.restart_in_alloc_s if policy.recovery is Recovery.IN_ALLOCATION and not policy.exclude_nodes \
             else 0.0  # in place on the broken node: the restart fails at start-up, then the job is requeued

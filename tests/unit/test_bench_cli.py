@@ -34,10 +34,12 @@ def test_sim_writes_json_table_and_plot(tmp_path, capsys):
 
 def test_sim_policy_subset_and_lemon_flags(tmp_path, capsys):
     rc = main(["bench", "sim", "--gpus", "2048", "--policy", "slurm-ft", "--policy", "slurm --requeue",
-               "--lemon-share", "0.3", "--triage-h", "24", *SMALL, "--out", str(tmp_path)])
+               "--lemon-share", "0.3", "--triage-h", "24", "--spare-fraction", "0.05", *SMALL,
+               "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "sim.json").read_text())
     assert [r["policy"] for r in data["results"]] == ["slurm-ft", "slurm --requeue"]
+    assert [r["spare_nodes"] for r in data["results"]] == [13, 0]  # 5% of 256 nodes; the baseline holds none
     assert data["config"]["lemon_share"] == 0.3 and data["config"]["triage_h"] == 24
     assert data["headline"] is None and "sensitivity" not in data
 
@@ -58,6 +60,7 @@ def test_sim_takes_measured_costs(tmp_path, capsys):
     (["--replicas", "0"], ["--replicas"]),
     (["--gpus", "-8"], ["--gpus", "-8"]),
     (["--lemon-share", "1.5"], ["lemon_share"]),
+    (["--spare-fraction", "0"], ["--spare-fraction"]),
 ])
 def test_sim_bad_input_is_one_line_error(tmp_path, capsys, args, words):
     (tmp_path / "bad.json").write_text(json.dumps({"requeue_seconds": 3}))

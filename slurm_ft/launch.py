@@ -16,7 +16,8 @@ hang, and the attempt is killed. After a failed attempt:
   Slurm requeues it, with the node's state as evidence for the monitor), then exit ``EX_TEMPFAIL`` (75) with
   ``slurm-ft: tempfail bad_nodes=...`` in the job's Comment: the monitor requeues the job without those nodes.
 
-Between attempts the run directory's heartbeats and error files move to ``attempt-<N>/`` (evidence). Events go
+Between attempts the run directory's heartbeats and error files move to ``attempt-<N>/`` (evidence); those a
+requeued job finds from its previous run move to ``earlier/``. Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``first_step``, ``exit``.
 """
 
@@ -184,13 +185,14 @@ class HangWatch:
                 self.progress[beat.rank] = (beat.step, now)
 
     def hung(self, now: float) -> list[int]:
-        """Ranks with no progress for the timeout (ranks never seen: counted from the end of the grace)."""
-        if self.timeout_s <= 0 or now - self.started < self.grace_s:
+        """Ranks with no progress for the timeout since their last step; a rank not seen yet (importing,
+        rendezvous, loading the checkpoint) gets the startup grace on top."""
+        if self.timeout_s <= 0:
             return []
         stuck = []
         for rank in range(self.ranks):
             step_seen = self.progress.get(rank)
-            since = self.started + self.grace_s if step_seen is None else max(step_seen[1], self.started + self.grace_s)
+            since = self.started + self.grace_s if step_seen is None else step_seen[1]
             if now - since >= self.timeout_s:
                 stuck.append(rank)
         return stuck
@@ -232,13 +234,14 @@ class Launcher:
     def run(self) -> int:
         retries_left = self.config.max_restarts
         bad: set[str] = set()
+        self._archive("earlier")  # a requeued job's run dir holds the previous run's beats and errors
         while True:
             chosen = choose_nodes(self.allocation, wanted=self.wanted, bad=bad)
             if chosen is None:
                 return self._exit(EX_TEMPFAIL, "no healthy nodes left in the allocation", bad=sorted(bad))
             self.attempts += 1
             if self.attempts > 1:
-                self._archive(self.attempts - 1)
+                self._archive(f"attempt-{self.attempts - 1}")
             result = self._attempt(chosen)
             if result.outcome is Outcome.SUCCEEDED:
                 return self._exit(0, "succeeded")
@@ -388,14 +391,16 @@ class Launcher:
             return False
         return True
 
-    def _archive(self, attempt: int) -> None:
-        """Move the last attempt's heartbeats and error files to ``attempt-<N>/``."""
-        dest = self.config.run_dir / f"attempt-{attempt}"
+    def _archive(self, name: str) -> None:
+        """Move the heartbeats and error files in the run dir (the last attempt's) to ``<run_dir>/<name>/``."""
+        found = [p for pattern in (HEARTBEAT_GLOB, ERROR_GLOB) for p in self.config.run_dir.glob(pattern)
+                 if p.is_file() and not p.is_symlink()]
+        if not found:
+            return
+        dest = self.config.run_dir / name
         dest.mkdir(parents=True, exist_ok=True)
-        for pattern in (HEARTBEAT_GLOB, ERROR_GLOB):
-            for path in self.config.run_dir.glob(pattern):
-                if path.is_file() and not path.is_symlink():
-                    os.replace(path, dest / path.name)
+        for path in found:
+            os.replace(path, dest / path.name)
 
     def _exit(self, code: int, why: str, **fields: Any) -> int:
         self._event("exit", code=code, why=why, attempts=self.attempts, **fields)

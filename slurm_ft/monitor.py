@@ -606,20 +606,13 @@ def _slurm_user() -> str | None:
 
 def require_actor(dry_run: bool, *, euid: int | None = None, slurm_user: Callable[[], str | None] = _slurm_user) -> None:
     """Acting (requeue, drain) needs root or the SlurmUser; --dry-run needs nothing."""
+    from slurm_ft.quarantine import require_privileged
+
     uid = os.geteuid() if euid is None else euid
     if dry_run or uid == 0:
         return
-    import pwd
-
-    user = slurm_user()
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        name = str(uid)
-    if user and name == user:
-        return
-    raise SlurmFtError(f"monitor: requeueing and draining need root or the SlurmUser ({user or 'unknown'}); "
-                       f"you are {name!r} (use --dry-run to only watch)", exit_code=77)
+    require_privileged(slurm_user(), euid=uid, action="monitor: requeueing and draining",
+                       hint=" (use --dry-run to only watch)")
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -536,8 +536,9 @@ def parse_slurm_user(show_config: str) -> str | None:
     return None
 
 
-def require_privileged(slurm_user: str | None, *, euid: int | None = None) -> None:
-    """Raise unless the caller is root or ``slurm_user``: only they may change quarantine."""
+def require_privileged(slurm_user: str | None, *, euid: int | None = None, action: str = "changing quarantine",
+                       hint: str = "") -> None:
+    """Raise unless the caller is root or ``slurm_user``: only they may drain, resume or requeue."""
     uid = os.geteuid() if euid is None else euid
     if uid == 0:
         return
@@ -548,4 +549,4 @@ def require_privileged(slurm_user: str | None, *, euid: int | None = None) -> No
     if slurm_user and name == slurm_user:
         return
     who = f"root or SlurmUser {slurm_user!r}" if slurm_user else "root or the SlurmUser"
-    raise SlurmFtError(f"changing quarantine needs {who}; you are {name!r}", exit_code=77)
+    raise SlurmFtError(f"{action} needs {who}; you are {name!r}{hint}", exit_code=77)

@@ -338,7 +338,7 @@ def test_metrics_served_on_loopback():
 def test_acting_needs_root_or_slurm_user():
     require_actor(True, euid=12345)
     require_actor(False, euid=0)
-    with pytest.raises(SlurmFtError, match="root or the SlurmUser"):
+    with pytest.raises(SlurmFtError, match="requeueing and draining needs root or SlurmUser 'slurm'"):
         require_actor(False, euid=12345, slurm_user=lambda: "slurm")
 
 

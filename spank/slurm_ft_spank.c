@@ -165,8 +165,10 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* Export FT_<NAME> (job control env) in sbatch/salloc/srun. */
-static int ft_export_control(spank_t sp)
+typedef spank_err_t (*ft_setenv_fn)(spank_t, const char *, const char *, int);
+
+/* Set <prefix><NAME> for --ft (always "1") and every --ft-* option given, through setter. */
+static int ft_export(spank_t sp, const char *prefix, ft_setenv_fn setter)
 {
 	char name[64];
 	int i;
@@ -176,8 +178,8 @@ static int ft_export_control(spank_t sp)
 		const char *value = i == 0 ? "1" : ft_values[i];
 		if (i != 0 && !ft_given[i])
 			continue;
-		snprintf(name, sizeof(name), "FT_%s", ft_settings[i].env);
-		rc = spank_job_control_setenv(sp, name, value, 1);
+		snprintf(name, sizeof(name), "%s%s", prefix, ft_settings[i].env);
+		rc = setter(sp, name, value, 1);
 		if (rc != ESPANK_SUCCESS) {
 			slurm_error(FT_PREFIX "cannot export %s: %s", name, spank_strerror(rc));
 			return -1;
@@ -186,25 +188,16 @@ static int ft_export_control(spank_t sp)
 	return 0;
 }
 
+/* Export FT_<NAME> (job control env) in sbatch/salloc/srun. */
+static int ft_export_control(spank_t sp)
+{
+	return ft_export(sp, "FT_", spank_job_control_setenv);
+}
+
 /* Set SLURM_FT_<NAME> in the task environment (slurmstepd). */
 static int ft_export_task(spank_t sp)
 {
-	char name[64];
-	int i;
-	spank_err_t rc;
-
-	for (i = 0; i < FT_COUNT; i++) {
-		const char *value = i == 0 ? "1" : ft_values[i];
-		if (i != 0 && !ft_given[i])
-			continue;
-		snprintf(name, sizeof(name), "SLURM_FT_%s", ft_settings[i].env);
-		rc = spank_setenv(sp, name, value, 1);
-		if (rc != ESPANK_SUCCESS) {
-			slurm_error(FT_PREFIX "cannot set %s: %s", name, spank_strerror(rc));
-			return -1;
-		}
-	}
-	return 0;
+	return ft_export(sp, "SLURM_FT_", spank_setenv);
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)

@@ -308,9 +308,13 @@ class Launcher:
     def _attempt(self, chosen: list[str]) -> AttemptResult:
         cfg = self.config
         env = self._env(chosen)
+        # A step that had a rank on a dead node stays "completing" in Slurm's books, holding its CPUs on the live
+        # nodes, until the job ends: later attempts share them (only one attempt runs at a time).
+        overlap = ["--overlap"] if self.attempts > 1 else []
         argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * cfg.ntasks_per_node}",
                 f"--ntasks-per-node={cfg.ntasks_per_node}", f"--nodelist={','.join(chosen)}",
-                "--kill-on-bad-exit=1", *cfg.command]
+                "--kill-on-bad-exit=1", *overlap, *cfg.command]
+
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
                     time=started, resume_step=self._committed())
@@ -403,6 +407,7 @@ class Launcher:
             os.replace(path, dest / path.name)
 
     def _exit(self, code: int, why: str, **fields: Any) -> int:
+        code = 128 - code if code < 0 else code  # srun killed by signal N (Popen: -N): the shell's 128 + N
         self._event("exit", code=code, why=why, attempts=self.attempts, **fields)
         return code
 

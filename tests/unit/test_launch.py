@@ -128,6 +128,8 @@ def test_failure_on_healthy_nodes_restarts_in_place(tmp_path):
     assert launcher.run() == 0
     assert [c[0][4] for c in runner.calls] == ["--nodelist=n1,n2", "--nodelist=n1,n2"]
     assert "restart_in_place" in [e["event"] for e in events(tmp_path)]
+    # the failed step may linger as "completing" on the live nodes: later attempts may share its CPUs
+    assert "--overlap" not in runner.calls[0][0] and "--overlap" in runner.calls[1][0]
 
 
 def test_unhealthy_node_swapped_for_a_spare_without_using_a_retry(tmp_path):
@@ -284,3 +286,9 @@ def test_a_requeued_job_sets_the_previous_runs_files_aside(tmp_path):
     assert not (run / "error.rank1.json").exists()
     first = next(e for e in events(tmp_path) if e["event"] == "first_step")
     assert first["step"] == 1  # not the stale step 11
+
+
+def test_srun_killed_by_a_signal_exits_like_a_shell(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [Script(run, code=-9)], max_restarts=0)
+    assert launcher.run() == 137

@@ -1,9 +1,16 @@
-"""Checkpoint benchmark: raw fsync'd disk bandwidth, memcpy, sync DCP save, async stall and background rate.
+"""Checkpoint benchmark: loop stall and background throughput against state size, side by side with the raw
+fsync'd disk write bandwidth and the in-memory copy bandwidth measured in the same run.
 
-    python bench/bench_checkpoint.py [--sizes 64,256,512] [--dir /tmp/bench-ckpt]
+    python bench/bench_checkpoint.py [--sizes 64,256,512] [--dir /tmp/bench-ckpt] [--threads 2]
 
-Single process. Targets: async stall <= 1.5x the memcpy time of the state; background throughput >= 0.8x the raw
-disk bandwidth. All figures of one size are measured side by side in one run (timings here are noisy).
+Single process, one rank's state (fp32 tensors of 16 MiB). Per size: a plain ``dcp.save`` (FileSystemWriter, fsync'd files: what a synchronous loop blocks for), our blocking
+save (DCP + digests + manifest + atomic publish), one cold async save (staging buffers allocated), then
+--repeats rounds of
+  memcpy     copy of the state into already-allocated host buffers (the in-memory copy bandwidth)
+  async      our async save in steady state: stall = time the loop was blocked; bg = bytes / (commit - stall)
+  disk       raw write of the same bytes with fsync (8 MiB blocks)
+Each ratio is the median of the per-round ratios (neighbours in time), the other columns are medians.
+Targets: stall/memcpy <= 1.5; bg/disk >= 0.8. Timings on a shared host are noisy: read the ratios.
 """
 
 from __future__ import annotations
@@ -11,16 +18,20 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
 
 CHUNK_MB = 16
+COLUMNS = ("MB", "disk_MBps", "memcpy_s", "dcp_sync_s", "ours_sync_s", "cold_stall_s", "stall_s", "bg_MBps",
+           "stall/memcpy", "bg/disk")
 
 
 def make_model(size_mb: int) -> nn.Module:
@@ -34,7 +45,7 @@ def raw_disk_s(path: Path, nbytes: int) -> float:
     block = os.urandom(8 << 20)
     start = time.perf_counter()
     with open(path, "wb") as fh:
-        for _ in range(nbytes // len(block)):
+        for _ in range(max(1, nbytes // len(block))):
             fh.write(block)
         fh.flush()
         os.fsync(fh.fileno())
@@ -43,51 +54,90 @@ def raw_disk_s(path: Path, nbytes: int) -> float:
     return elapsed
 
 
-def memcpy_s(model: nn.Module) -> float:
-    best = float("inf")
-    for _ in range(3):
+class Memcpy:
+    """Copies of the state into host buffers allocated (and touched) once."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = [p.detach() for p in model.parameters()]
+        self.buffers = [torch.empty_like(p) for p in self.params]
+        self.copy_s()
+
+    def copy_s(self) -> float:
         start = time.perf_counter()
-        copies = [p.detach().clone() for p in model.parameters()]
-        best = min(best, time.perf_counter() - start)
-        del copies
-    return best
+        for buf, p in zip(self.buffers, self.params):
+            buf.copy_(p)
+        return time.perf_counter() - start
 
 
-def run(size_mb: int, root: Path) -> dict[str, float]:
+def dcp_sync_s(model: nn.Module, path: Path, threads: int) -> float:
+    start = time.perf_counter()
+    dcp.save({"model": model.state_dict()}, storage_writer=dcp.FileSystemWriter(path, thread_count=threads),
+             no_dist=True)
+    elapsed = time.perf_counter() - start
+    shutil.rmtree(path)
+    return elapsed
+
+
+def run(size_mb: int, root: Path, threads: int, repeats: int) -> dict[str, float]:
+    """One size. The async save is measured in ``repeats`` rounds of (memcpy, async save, raw disk write) so each
+    ratio compares neighbours in time; the medians of the per-round ratios are reported."""
     model = make_model(size_mb)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    root.mkdir(parents=True, exist_ok=True)
-    disk = raw_disk_s(root / "raw.bin", nbytes)
-    copy = memcpy_s(model)
-    mgr = CheckpointManager(CheckpointConfig(dir=str(root / "ck"), every=1, keep_last=1, async_save=True), model=model)
-    sync = mgr.save(1, blocking=True)
-    asyn = mgr.save(2)
-    mgr.wait()
-    mgr.close()
-    shutil.rmtree(root / "ck")
-    if not (sync.ok and asyn.ok):
-        raise SystemExit(f"save failed: {sync.error or asyn.error}")
     mb = nbytes / 2**20
-    return {"MB": mb, "disk_MBps": mb / disk, "memcpy_s": copy, "sync_save_s": sync.total_s,
-            "async_stall_s": asyn.stall_s, "bg_MBps": mb / asyn.total_s,
-            "stall/memcpy": asyn.stall_s / copy, "bg/disk": (mb / asyn.total_s) / (mb / disk)}
+    root.mkdir(parents=True, exist_ok=True)
+    plain = dcp_sync_s(model, root / "dcp", threads)
+    config = CheckpointConfig(dir=str(root / "ck"), every=1, keep_last=1, async_save=True, write_threads=threads)
+    mgr = CheckpointManager(config, model=model)
+    ours = mgr.save(1, blocking=True)
+    cold = mgr.save(2)
+    mgr.wait()
+    memcpy = Memcpy(model)
+    rounds = []
+    for step in range(3, 3 + repeats):
+        copy = memcpy.copy_s()
+        result = mgr.save(step)
+        mgr.wait()
+        disk = raw_disk_s(root / "raw.bin", nbytes)
+        rounds.append((copy, result, disk))
+    mgr.close()
+    del memcpy
+    shutil.rmtree(root / "ck")
+    failed = [r.error for r in (ours, cold, *(r for _, r, _ in rounds)) if not r.ok]
+    if failed:
+        raise SystemExit(f"save failed: {failed[0]}")
+    med = statistics.median
+    bg = [mb / (r.total_s - r.stall_s) for _, r, _ in rounds]
+    return {"MB": mb, "disk_MBps": med(mb / d for _, _, d in rounds), "memcpy_s": med(c for c, _, _ in rounds),
+            "dcp_sync_s": plain, "ours_sync_s": ours.total_s, "cold_stall_s": cold.stall_s,
+            "stall_s": med(r.stall_s for _, r, _ in rounds), "bg_MBps": med(bg),
+            "stall/memcpy": med(r.stall_s / c for c, r, _ in rounds),
+            "bg/disk": med(b / (mb / d) for b, (_, _, d) in zip(bg, rounds))}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="64,256,512", help="state sizes in MB, comma separated")
     p.add_argument("--dir", default="/tmp/bench-ckpt")
+    p.add_argument("--threads", type=int, default=2, help="DCP writer threads (ours and plain DCP)")
+    p.add_argument("--repeats", type=int, default=5, help="measurement rounds per size (median)")
     args = p.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError:
         p.error(f"--sizes must be integers, got {args.sizes!r}")
-    cols = ["MB", "disk_MBps", "memcpy_s", "sync_save_s", "async_stall_s", "bg_MBps", "stall/memcpy", "bg/disk"]
-    print(" ".join(f"{c:>13}" for c in cols))
+    if any(s < CHUNK_MB for s in sizes) or args.threads < 1 or args.repeats < 1:
+        p.error(f"--sizes must be >= {CHUNK_MB} MB, --threads and --repeats >= 1, got {args.sizes!r}, "
+                f"{args.threads}, {args.repeats}")
+    print(" ".join(f"{c:>12}" for c in COLUMNS))
+    worst = {"stall/memcpy": 0.0, "bg/disk": float("inf")}
     for size in sizes:
-        row = run(size, Path(args.dir))
-        print(" ".join(f"{row[c]:>13.3f}" for c in cols), flush=True)
-    print("targets: stall/memcpy <= 1.5, bg/disk >= 0.8")
+        row = run(size, Path(args.dir), args.threads, args.repeats)
+        worst = {"stall/memcpy": max(worst["stall/memcpy"], row["stall/memcpy"]),
+                 "bg/disk": min(worst["bg/disk"], row["bg/disk"])}
+        print(" ".join(f"{row[c]:>12.3f}" for c in COLUMNS), flush=True)
+    stall_ok, bg_ok = worst["stall/memcpy"] <= 1.5, worst["bg/disk"] >= 0.8
+    print(f"targets: stall/memcpy <= 1.5 (worst {worst['stall/memcpy']:.2f}: {'met' if stall_ok else 'MISSED'}), "
+          f"bg/disk >= 0.8 (worst {worst['bg/disk']:.2f}: {'met' if bg_ok else 'MISSED'})")
     return 0
 
 

@@ -123,7 +123,7 @@ class CheckpointConfig:
 @dataclasses.dataclass(slots=True, kw_only=True)
 class SaveResult:
     """One save as this rank saw it. ``stall_s``: time the training loop was blocked; ``total_s``: until
-    committed (or failed); ``bytes_written``: this rank's files."""
+    durably committed (or failed; retention runs after); ``bytes_written``: this rank's files."""
 
     step: int
     ok: bool = False
@@ -132,6 +132,7 @@ class SaveResult:
     bytes_written: int = 0
     error: str = ""
     emergency: bool = False
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds: local, shards, commit
 
 
 def _rng_state() -> dict[str, Any]:
@@ -380,22 +381,35 @@ class CheckpointManager:
     def _write_and_commit(self, result: SaveResult, state: dict[str, Any], local: bytes, tmp: Path,
                           start: float) -> None:
         try:
-            result.bytes_written = self._write_and_commit_or_raise(result.step, state, local, tmp)
+            result.bytes_written = self._write_and_commit_or_raise(result, state, local, tmp)
+            result.total_s = time.monotonic() - start
             result.ok = True
-            log.info("checkpoint step %d committed (%.2fs)", result.step, time.monotonic() - start)
+            log.info("checkpoint step %d committed (%.2fs)", result.step, result.total_s)
         except (Exception, CheckpointException) as exc:  # a failed save must not kill training; it is reported
+            result.total_s = time.monotonic() - start
             result.error = _describe(exc) + _free_space_note(self.dir)
             log.error("checkpoint step %d FAILED, previous checkpoints kept: %s", result.step, result.error)
             if self.rank == 0:
                 _remove_tree(tmp)
-        finally:
-            result.total_s = time.monotonic() - start
+            return
+        if self.rank == 0:
+            self._retain(result.step)
 
-    def _write_and_commit_or_raise(self, step: int, state: dict[str, Any], local: bytes, tmp: Path) -> int:
+    def _retain(self, step: int) -> None:
+        """Retention after a commit (rank 0). Later saves' temp dirs are left alone: other ranks may have
+        started the next save already."""
+        try:
+            for name in layout.apply_retention(self.dir, self.config.keep_last, self.config.keep_every,
+                                               tmp_up_to=step):
+                log.info("retention removed %s", name)
+        except OSError as exc:
+            log.error("retention after step %d failed (checkpoint is committed): %s", step, exc)
+
+    def _write_and_commit_or_raise(self, result: SaveResult, state: dict[str, Any], local: bytes, tmp: Path) -> int:
         """All ranks write, then rank 0 commits; every rank raises the same error. Returns bytes this rank wrote."""
-        group = self._ckpt_group
-        error = ""
+        step, group, error = result.step, self._ckpt_group, ""
         local_name = LOCAL_STATE.format(rank=self.rank)
+        mark = time.monotonic()
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             self.storage.write_file(tmp / local_name, local)
@@ -405,12 +419,14 @@ class CheckpointManager:
         errors = [e for e in self._all_gather(error, group) if e]
         if errors:
             raise OSError(f"writing local state failed: {'; '.join(errors)}")
+        mark = _phase(result, "local", mark)
         writer = self.storage.writer(tmp, step=step)
         dcp.save(state, storage_writer=writer, process_group=group, no_dist=not self._distributed)
         crash_point("after_shards", step)
         mine = dict(getattr(writer, "digests", {}))
         mine[local_name] = layout.FileEntry(size=len(local), sha256=hashlib.sha256(local).hexdigest())
         written = self._all_gather(mine, group)
+        mark = _phase(result, "shards", mark)
         outcome = ""
         if self.rank == 0:
             try:
@@ -418,11 +434,10 @@ class CheckpointManager:
                 manifest = layout.Manifest(step=step, world_size=self.world_size, files=files,
                                            rank_hosts=list(self.rank_hosts), time=time.time())
                 layout.commit(tmp, layout.step_dir(self.dir, step), manifest, lambda point: crash_point(point, step))
-                for name in layout.apply_retention(self.dir, self.config.keep_last, self.config.keep_every):
-                    log.info("retention removed %s", name)
             except OSError as exc:
                 outcome = f"commit failed: {exc}"
         outcome = self._broadcast(outcome, group)
+        _phase(result, "commit", mark)
         if outcome:
             raise OSError(outcome)
         return sum(entry.size for entry in mine.values())
@@ -506,6 +521,12 @@ class CheckpointManager:
             log.warning("world size changed %d -> %d: resharded; local state from rank 0, RNG states not restored",
                         manifest.world_size, self.world_size)
         return manifest
+
+
+def _phase(result: SaveResult, name: str, since: float) -> float:
+    now = time.monotonic()
+    result.phases[name] = now - since
+    return now
 
 
 def _manifest_files(tmp: Path, written: dict[str, layout.FileEntry]) -> dict[str, layout.FileEntry]:

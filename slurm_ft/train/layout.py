@@ -192,8 +192,7 @@ def commit(tmp_path: Path, final_path: Path, manifest: Manifest, crash_point=lam
     crash_point("after_rename")
     os.rename(final_path / staged_marker.name, final_path / MARKER)
     crash_point("after_marker")
-    fsync_path(final_path)
-    fsync_path(final_path.parent)
+    fsync_path(final_path)  # the parent's entry was made durable after the rename above
     crash_point("after_fsync")
     if displaced is not None:
         shutil.rmtree(displaced, ignore_errors=True)
@@ -208,9 +207,10 @@ def retained(steps: list[int], keep_last: int, keep_every: int) -> set[int]:
 
 
 def apply_retention(ckpt_dir: str | os.PathLike[str], keep_last: int, keep_every: int,
-                    *, active_tmp: str | None = None) -> list[str]:
+                    *, active_tmp: str | None = None, tmp_up_to: int | None = None) -> list[str]:
     """Delete published dirs retention does not keep (marker first, then tree), uncommitted step dirs
-    older than the newest commit, and temp dirs other than ``active_tmp``. Returns the names removed."""
+    older than the newest commit, and temp dirs other than ``active_tmp`` (only those of steps <= ``tmp_up_to``
+    when given: a later save may be writing one). Returns the names removed."""
     root = Path(ckpt_dir)
     published = _published(root)
     committed = [s for s, p in published if (p / MARKER).is_file()]
@@ -224,7 +224,10 @@ def apply_retention(ckpt_dir: str | os.PathLike[str], keep_last: int, keep_every
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path.name)
     for entry in os.scandir(root) if root.is_dir() else []:
-        if _TMP_RE.match(entry.name) and entry.name != active_tmp and not entry.is_symlink():
+        match = _TMP_RE.match(entry.name)
+        if not match or entry.name == active_tmp or entry.is_symlink():
+            continue
+        if tmp_up_to is None or int(match.group(1)) <= tmp_up_to:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)
     return removed

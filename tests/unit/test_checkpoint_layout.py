@@ -87,3 +87,12 @@ def test_recommit_same_step_replaces_previous_tree(tmp_path):
     assert (layout.step_dir(tmp_path, 3) / "__0_0.distcp").read_bytes() == b"new!"
     assert layout.verify_files(layout.read_manifest(layout.step_dir(tmp_path, 3))) == []
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_retention_leaves_later_saves_temp_dirs_alone(tmp_path):
+    _publish(tmp_path, 10)
+    for name in (".tmp-step_00000010-aa", ".tmp-step_00000009-bb", ".tmp-step_00000020-cc"):
+        (tmp_path / name).mkdir()
+    removed = layout.apply_retention(tmp_path, keep_last=1, keep_every=0, tmp_up_to=10)
+    assert sorted(removed) == [".tmp-step_00000009-bb", ".tmp-step_00000010-aa"]
+    assert (tmp_path / ".tmp-step_00000020-cc").is_dir()  # the next save, maybe being written by other ranks

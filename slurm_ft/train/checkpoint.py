@@ -21,7 +21,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -39,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from slurm_ft import env
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
-from slurm_ft.train import layout
+from slurm_ft.train import layout, records
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point
 
@@ -189,7 +188,7 @@ class CheckpointManager:
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
         self._ctl_group = self._new_group(process_group)   # main thread: tokens, agreements, resume
         self._ckpt_group = self._new_group(process_group)  # the one thread doing DCP save/load
-        self.rank_hosts = self._all_gather(socket.gethostname())
+        self.rank_hosts = self._all_gather(records.node_name())
         self.dir.mkdir(parents=True, exist_ok=True)
         self._stager = Stager(reuse_buffers=config.reuse_staging_buffers)
         self._thread: threading.Thread | None = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -31,6 +30,6 @@ def record_errors(run_dir: str | os.PathLike[str], rank: int, *, step: StepTrack
     except (Exception, KeyboardInterrupt) as exc:  # SystemExit(0) is a clean exit, not an error
         records.write_error(run_dir, records.ErrorRecord(
             rank=rank, time=clock(), exc_type=type(exc).__name__, message=str(exc)[:4000],
-            traceback="".join(traceback.format_exception(exc))[-16000:], host=socket.gethostname(),
+            traceback="".join(traceback.format_exception(exc))[-16000:], host=records.node_name(),
             step=tracker.step, pid=os.getpid()))
         raise

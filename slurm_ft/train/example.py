@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_ft import env
+from slurm_ft.slurm.parsers import expand_hostlist
 from slurm_ft.train import records, topology
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
 from slurm_ft.train.errors import StepTracker, record_errors
@@ -94,10 +95,12 @@ def _world(environ=os.environ) -> tuple[int, int, int]:
 
 
 def rendezvous_env(environ) -> None:
-    """Fill MASTER_ADDR/MASTER_PORT for srun without a launcher: first allocated node, port from the job id."""
+    """Fill MASTER_ADDR/MASTER_PORT for srun without a launcher: the step's first node (rank 0 runs there),
+    resolved as the launcher does; the port derived from the job id."""
     if not environ.get("MASTER_ADDR"):
-        nodes = topology.allocated_nodes(environ)
-        environ["MASTER_ADDR"] = nodes[0] if nodes else "127.0.0.1"
+        from slurm_ft.launch import master_addr
+        nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST", "")) or topology.allocated_nodes(environ)
+        environ["MASTER_ADDR"] = master_addr(nodes[0], environ) if nodes else "127.0.0.1"
     if not environ.get("MASTER_PORT"):
         job = environ.get("SLURM_JOB_ID", "")
         environ["MASTER_PORT"] = str(20000 + int(job) % 20000) if job.isdigit() else "29500"

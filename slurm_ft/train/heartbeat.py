@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ class HeartbeatWriter:
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         self.run_dir, self.rank, self.interval_s, self._clock = Path(run_dir), rank, interval_s, clock
-        self._host, self._pid = socket.gethostname(), os.getpid()
+        self._host, self._pid = records.node_name(), os.getpid()
         self._last = float("-inf")
 
     def beat(self, step: int, *, force: bool = False) -> bool:

@@ -13,6 +13,8 @@ import dataclasses
 import json
 import os
 import re
+import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,12 @@ HEARTBEAT_GLOB = "heartbeat.rank*.json"
 ERROR_GLOB = "error.rank*.json"
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
+
+
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """This process's Slurm node name (SLURMD_NODENAME), else the short hostname: the ``host`` of records."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def run_dir_for(ckpt_dir: str | os.PathLike[str]) -> Path:

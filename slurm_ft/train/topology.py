@@ -17,7 +17,6 @@ import datetime
 import json
 import logging
 import os
-import socket
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 from slurm_ft import env
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.slurm.parsers import expand_hostlist
-from slurm_ft.train import layout
+from slurm_ft.train import layout, records
 
 log = logging.getLogger("slurm_ft.train.topology")
 
@@ -99,7 +98,7 @@ def allocated_nodes(environ: Mapping[str, str]) -> list[str]:
 
 
 def _host(environ: Mapping[str, str]) -> str:
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return records.node_name(environ)
 
 
 def topology_dir(ckpt_dir: str | os.PathLike[str]) -> Path:

@@ -88,9 +88,12 @@ def test_example_world_from_torchrun_or_srun_env():
     assert _world({}) == (0, 1, 0)
     assert _world({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "0"}) == (3, 4, 1)
     assert _world({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}) == (5, 8, 1)
-    environ = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123"}
-    rendezvous_env(environ)
-    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == ("gpu07", "20123")
+    import socket
+    from slurm_ft.launch import master_addr
+    host = socket.gethostname()
+    environ = {"SLURM_STEP_NODELIST": host, "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123"}
+    rendezvous_env(environ)  # rank 0 runs on the step's first node
+    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == (master_addr(host, {}), "20123")
     kept = {"MASTER_ADDR": "head", "MASTER_PORT": "1234", "SLURM_JOB_NODELIST": "n1"}
     rendezvous_env(kept)
     assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("head", "1234")

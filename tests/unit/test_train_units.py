@@ -19,6 +19,16 @@ def test_train_package_import_is_torch_free():
     assert out.strip() == "False"
 
 
+def test_train_package_exports_resolve_lazily():
+    import slurm_ft.train as train
+    from slurm_ft.train.checkpoint import CheckpointManager
+    from slurm_ft.train.topology import revalidate
+    assert train.CheckpointManager is CheckpointManager and train.revalidate is revalidate
+    assert callable(train.record_errors) and train.HeartbeatWriter.__name__ == "HeartbeatWriter"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        train.nope
+
+
 @pytest.mark.parametrize(("kwargs", "field"), [
     ({"dir": ""}, "dir"), ({"dir": "/x", "every": 0}, "every"), ({"dir": "/x", "keep_last": 0}, "keep_last"),
     ({"dir": "/x", "keep_every": -1}, "keep_every"), ({"dir": "/x", "every": "5"}, "every"),

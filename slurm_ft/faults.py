@@ -84,6 +84,40 @@ def summarize(run_dir: str | Path) -> Recovery:
         steps_lost=max(b.step for b in beats) - (resume_step or 0) if restart and beats else None)
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FaultTiming:
+    """One fault injected from outside at ``fault_time`` (rank steps at ``fault_step``), as the launcher's events
+    saw it. ``None``: not seen (no restart, or the launcher died with the node)."""
+
+    fault_time: float
+    fault_step: int
+    detection_s: float | None = None  # fault -> detected (the launcher's fault_detected, or ``detected_at``)
+    recovery_s: float | None = None  # fault -> the first step of the attempt that followed
+    resume_step: int | None = None  # the checkpoint that attempt resumed from
+    steps_lost: int | None = None  # fault_step - resume_step: work done twice
+    wall_s: float | None = None  # first attempt start -> last exit (across requeues: events.jsonl is appended)
+
+
+def fault_timing(events: list[dict], *, fault_time: float, fault_step: int,
+                 detected_at: float | None = None) -> FaultTiming:
+    """Detection, recovery and steps lost for a fault injected at ``fault_time`` (events: ``read_events``).
+    ``detected_at`` stands in when no launcher saw the fault (a dead batch host: Slurm's NODE_FAIL)."""
+    after = [e for e in events if e["time"] >= fault_time]
+    detected = next((e["time"] for e in after if e["event"] == "fault_detected"), detected_at)
+    restart = next((e for e in after if e["event"] == "attempt_start"), None)
+    resumed = next((e for e in after if e["event"] == "first_step" and restart is not None
+                    and e["time"] >= restart["time"]), None)
+    resume_step = (restart.get("resume_step") or 0) if restart is not None else None
+    starts = [e["time"] for e in events if e["event"] == "attempt_start"]
+    ends = [e["time"] for e in events if e["event"] == "exit"]
+    return FaultTiming(
+        fault_time=fault_time, fault_step=fault_step,
+        detection_s=None if detected is None else detected - fault_time,
+        recovery_s=None if resumed is None else resumed["time"] - fault_time,
+        resume_step=resume_step, steps_lost=None if resume_step is None else fault_step - resume_step,
+        wall_s=ends[-1] - starts[0] if starts and ends else None)
+
+
 def ettr(recovery: Recovery, clean_wall_s: float) -> float | None:
     """Effective training time ratio of a faulted run: the clean run's wall time over this run's."""
     if not recovery.wall_s or clean_wall_s <= 0:

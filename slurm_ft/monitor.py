@@ -44,6 +44,9 @@ MAX_JSON_BYTES = 1 << 20
 MAX_COMMENT = 400
 
 
+_REQUEUED = frozenset({JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD})
+
+
 class JobStatus(str, enum.Enum):
     """What the monitor knows about one job."""
 
@@ -419,6 +422,8 @@ class Monitor:
             return 0
         if any(self.db.action(job.job_id, job.restart_count, a) is not None for a in ("requeue", "stop")):
             return 0
+        if job.state is JobState.NODE_FAIL and job.requeue:  # Slurm requeues it (JobRequeue=1): adopted then
+            return 0
         if job.state is JobState.COMPLETED and not job.exit_code:
             self._set(job, JobStatus.DONE)
             self._event("job_completed", job_id=job.job_id, restart_count=job.restart_count)
@@ -428,7 +433,7 @@ class Monitor:
     def _requeued_by_slurm(self, job: JobInfo, row: sqlite3.Row | None) -> bool:
         """Slurm itself requeued the job (JobRequeue=1 after a node failure): pending at a higher restart count
         than we saw, with no requeue of ours behind it."""
-        return (row is not None and job.state is JobState.PENDING and job.restart_count > row["restart_count"]
+        return (row is not None and job.state in _REQUEUED and job.restart_count > row["restart_count"]
                 and row["status"] == JobStatus.WATCHING.value
                 and self.db.action(job.job_id, job.restart_count, "adopt") is None)
 
@@ -462,15 +467,26 @@ class Monitor:
         return 1
 
     def _watching(self, job: JobInfo, row: sqlite3.Row | None) -> None:
-        if row is not None and row["status"] == JobStatus.REQUEUED.value and job.state is JobState.RUNNING \
-                and row["requeued_at"] is not None:
-            self.metrics.recovery(self.clock() - row["requeued_at"])
+        """Record a job that is not over: first sight, running again after a requeue, the nodes it runs on
+        (kept as a union while it runs: ``--no-kill`` drops a dead node from the list). The restart count moves
+        only here on recovery; a requeue by Slurm is noticed by comparing it (``_requeued_by_slurm``)."""
+        now = self.clock()
+        if row is None:
+            self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.WATCHING, now=now,
+                            nodes=job.nodes or None)
+        elif job.state is not JobState.RUNNING:
+            return
+        elif row["status"] == JobStatus.REQUEUED.value and row["requeued_at"] is not None:
+            self.metrics.recovery(now - row["requeued_at"])
             self._event("job_recovered", job_id=job.job_id, restart_count=job.restart_count,
-                        recovery_s=round(self.clock() - row["requeued_at"], 3))
-            self._set(job, JobStatus.WATCHING)
-        elif row is None or (job.nodes and json.loads(row["nodes"] or "[]") != list(job.nodes)):
-            self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus(row["status"]) if row
-                            else JobStatus.WATCHING, now=self.clock(), nodes=job.nodes or None)
+                        recovery_s=round(now - row["requeued_at"], 3))
+            self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.WATCHING, now=now,
+                            nodes=job.nodes)  # this run's nodes, not the last run's
+        else:
+            recorded = json.loads(row["nodes"] or "[]")
+            if set(job.nodes) - set(recorded):
+                self.db.set_job(job.job_id, restart_count=row["restart_count"], status=JobStatus(row["status"]),
+                                now=now, nodes=list(dict.fromkeys([*recorded, *job.nodes])))
 
     def _judge(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None) -> int:
         if row is not None:  # a job run with --no-kill loses a dead node from its list: judge on all it had

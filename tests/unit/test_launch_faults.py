@@ -38,3 +38,29 @@ def test_summarize_clean_run(tmp_path):
                                            + json.dumps({"event": "exit", "code": 0, "time": 5.0}) + "\n")
     got = summarize(tmp_path)
     assert got.attempts == 1 and got.fault_kind is None and got.wall_s == 4.0
+
+
+def test_fault_timing_across_a_restart_in_place():
+    from slurm_ft.faults import fault_timing
+
+    events = [{"event": "attempt_start", "time": 100.0, "attempt": 1, "resume_step": None},
+              {"event": "first_step", "time": 107.0, "attempt": 1, "step": 1},
+              {"event": "fault_detected", "time": 121.5, "attempt": 1, "kind": "hung"},
+              {"event": "attempt_start", "time": 125.0, "attempt": 2, "resume_step": 8},
+              {"event": "first_step", "time": 131.0, "attempt": 2, "step": 9},
+              {"event": "exit", "time": 140.0, "code": 0}]
+    timing = fault_timing(events, fault_time=111.0, fault_step=10)
+    assert timing.detection_s == 10.5 and timing.recovery_s == 20.0
+    assert timing.resume_step == 8 and timing.steps_lost == 2 and timing.wall_s == 40.0
+
+
+def test_fault_timing_when_the_launcher_died_with_its_node():
+    from slurm_ft.faults import fault_timing
+
+    events = [{"event": "attempt_start", "time": 100.0, "attempt": 1, "resume_step": None},
+              {"event": "attempt_start", "time": 170.0, "attempt": 1, "resume_step": 8},  # after the requeue
+              {"event": "first_step", "time": 178.0, "attempt": 1, "step": 9},
+              {"event": "exit", "time": 190.0, "code": 0}]
+    timing = fault_timing(events, fault_time=112.0, fault_step=11, detected_at=135.0)
+    assert timing.detection_s == 23.0 and timing.recovery_s == 66.0 and timing.steps_lost == 3
+    assert fault_timing(events[:1], fault_time=112.0, fault_step=11).recovery_s is None

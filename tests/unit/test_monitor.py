@@ -437,3 +437,31 @@ def test_node_lost_under_a_running_job_is_struck_once(state, tmp_path):
     update = next(c for c in client.calls if c[0] == "update")
     assert "n2" in update[3]
     assert quarantine.strikes == [("n2", "hardware_node", 100)]
+
+
+def test_slurm_requeue_seen_midway_is_still_adopted_once(state, tmp_path):
+    """squeue shows a NODE_FAIL requeue in steps: RUNNING on (n1, n2), then REQUEUED on n2 alone with the restart
+    count already bumped, then PENDING. None of them may hide the requeue from the monitor."""
+    register_job(state, tmp_path)
+    running = failed(state=JobState.RUNNING, requeue=True)
+    client = FakeClient([running], [NodeInfo(name="n1", state=frozenset({"DOWN", "NOT_RESPONDING"}))])
+    mon = make(state, client, lambda ev: verdict(nodes=()))
+    mon.poll_once()
+    for view in (dict(state=JobState.NODE_FAIL), dict(state=JobState.REQUEUED, nodes=("n2",), restart_count=1),
+                 dict(state=JobState.PENDING, nodes=(), restart_count=1)):
+        client.jobs_by_id[100] = dataclasses.replace(client.jobs_by_id[100], **view)
+        mon.poll_once()
+    assert client.count("requeue") == 0  # Slurm did it
+    assert client.count("update") == 1
+    assert client.jobs_by_id[100].excluded_nodes == ("n1",)
+    assert client.jobs_by_id[100].comment.startswith("slurm-ft: restart=1 ")
+
+
+def test_nodes_are_this_runs_after_a_requeue(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    mon = make(state, client, lambda ev: verdict(nodes=("n2",)))
+    mon.poll_once()  # requeued by us, excluding n2
+    client.jobs_by_id[100] = dataclasses.replace(client.jobs_by_id[100], state=JobState.RUNNING, nodes=("n3", "n4"))
+    mon.poll_once()
+    assert json.loads(mon.db.job(100)["nodes"]) == ["n3", "n4"]

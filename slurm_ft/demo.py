@@ -1,138 +1,431 @@
-"""``slurm-ft demo``: a real local Slurm lab, the monitor in a thread, and faults injected into 2-node jobs.
+"""``slurm-ft demo``: faults injected into real training jobs on a real local Slurm cluster, and their recovery.
 
-Scenarios (the example trainer under ``slurm-ft launch``): a clean run, ``kill-rank`` (SIGKILL of rank 1),
-``hang`` (rank 1 stops progressing) and ``user-error`` (an exception). Prints a table
-``fault | detection | recovery | steps lost | attempts | ETTR | monitor`` where ETTR is the clean run's wall time
-over the faulted run's. Node failure (a slurmd killed) is exercised by tests/integration/test_recovery_monitor.py;
-it is not in the demo because Slurm holds a requeued job ~120 s before it may start again.
+It starts a 4-node lab (with slurm-ft's prolog, epilog and SPANK plugin), runs the monitor in a thread over the
+lab's state dir, and submits the example FSDP trainer with ``sbatch --ft ... slurm-ft launch``, one 2-node job
+per scenario (exclusive nodes), all at once (Slurm runs two at a time):
+
+- ``clean``: no fault; its wall time and final parameters are the reference;
+- ``kill-rank``: rank 1 is SIGKILLed mid-run: the launcher restarts the step in place;
+- ``hang``: rank 1 is SIGSTOPped: no heartbeat within the hang timeout, killed, restarted in place;
+- ``node-death``: the job's batch host dies (slurmd, stepds, ranks): Slurm ends the job NODE_FAIL and requeues it,
+  the monitor classifies it, quarantines the node, excludes it and sets the resume hint; the job resumes elsewhere;
+- ``user-error``: the training code raises: one attempt, no requeue, the verdict in the job's Comment.
+
+Then a table (fault, verdict, detection, recovery, steps lost, parameters equal to the clean run's) and ETTR (the
+clean run's wall time over each recovered run's). Exit 0 only when every check held.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import logging
+import os
 import shlex
-import subprocess
+import signal
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from slurm_ft import config as ft_config
 from slurm_ft.errors import SlurmFtError
-from slurm_ft.faults import Fault, ettr, first_attempt_only, summarize, trainer_flags
+from slurm_ft.faults import crash_node, fault_timing, read_events, signal_rank
+from slurm_ft.slurm.types import JobInfo, JobState
+from slurm_ft.train.records import read_heartbeats
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-
-
-def _script(ckpt: Path, steps: int, fault: Fault | None, hang_timeout: int) -> str:
-    trainer = " ".join([shlex.quote(sys.executable), "-m", "slurm_ft.train.example", "--steps", str(steps),
-                        "--ckpt-every", "4", "--seed", "3", "--sync", "--step-time", "0.05"])
-    if fault is Fault.USER_ERROR:  # deterministic: it fails on every attempt
-        trainer += " " + trainer_flags(fault, 1, steps // 2 + 3)
-    elif fault is not None:  # a transient fault: first attempt only
-        trainer = first_attempt_only(trainer, trainer_flags(fault, 1, steps // 2 + 3))
-    return (f"#!/bin/bash\nexport SLURM_FT_CKPT_DIR={shlex.quote(str(ckpt))}\n"
-            f"exec {shlex.quote(sys.executable)} -m slurm_ft.cli launch --hang-timeout {hang_timeout}"
-            f" --startup-grace 15 --max-restarts 2 -- {trainer}\n")
+SCENARIOS = ("clean", "kill-rank", "hang", "node-death", "user-error")
+EVERY = 4  # checkpoint interval (steps)
+HANG_TIMEOUT = 10
+ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 
 
-def _submit(lab, env: dict[str, str], workdir: Path, name: str, text: str) -> int:
-    path = workdir / f"{name}.sh"
-    path.write_text(text)
-    done = subprocess.run(["sbatch", "--parsable", "-N2", "-J", name, str(path)], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=30, check=False)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DemoConfig:
+    """``dir`` (--dir), ``scenarios`` (--scenarios), ``steps`` (--steps), ``fault_step`` (steps done before a
+    fault), ``step_time_s``, ``timeout_s`` (--timeout: all jobs), ``keep_lab`` (--keep-lab)."""
+
+    dir: Path
+    scenarios: tuple[str, ...] = SCENARIOS
+    steps: int = 24
+    fault_step: int = 10
+    step_time_s: float = 0.3
+    timeout_s: float = 600.0
+    keep_lab: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.scenarios if s not in SCENARIOS]
+        if unknown or not self.scenarios:
+            raise ValueError(f"scenarios: unknown {unknown[0]!r} (known: {', '.join(SCENARIOS)}) (--scenarios)"
+                             if unknown else "scenarios: give at least one (--scenarios)")
+        if "clean" not in self.scenarios:  # the reference for the checksum and ETTR
+            object.__setattr__(self, "scenarios", ("clean", *self.scenarios))
+        if not 1 <= self.fault_step < self.steps - EVERY:
+            raise ValueError(f"steps: must exceed the fault step ({self.fault_step}) by more than one checkpoint "
+                             f"interval ({EVERY}) (--steps), got {self.steps}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be positive (--timeout), got {self.timeout_s}")
+        object.__setattr__(self, "dir", Path(self.dir).absolute())
+
+
+@dataclasses.dataclass(slots=True)
+class Run:
+    """One scenario's job and what the demo saw of it."""
+
+    name: str
+    ckpt: Path
+    job_id: int = 0
+    fault_time: float | None = None
+    fault_step: int | None = None
+    detected_at: float | None = None  # node-death: when Slurm requeued the job (no launcher lived to see it)
+    victim: str = ""
+    final: JobInfo | None = None
+    result: dict[str, Any] | None = None
+    printed: int = 0  # launcher events already shown
+
+    @property
+    def run_dir(self) -> Path:
+        return self.ckpt / ".slurm-ft"
+
+
+# --- jobs -------------------------------------------------------------------------------------------------------
+def batch_script(cfg: DemoConfig, run: Run) -> str:
+    py = shlex.quote(sys.executable)
+    trainer = [py, "-m", "slurm_ft.train.example", "--steps", str(cfg.steps), "--seed", "3", "--sync",
+               "--step-time", str(cfg.step_time_s)]
+    if run.name == "user-error":  # a bug in the training code: it fails the same way on every attempt
+        trainer += ["--fail-at", f"1:{cfg.fault_step}"]
+    return (f"#!/bin/bash\nexec {py} -m slurm_ft.cli launch --startup-grace 40 --probe-timeout 5 "
+            f"--node-fail-wait 40 -- {' '.join(trainer)}\n")
+
+
+def ft_flags(run: Run) -> list[str]:
+    return ["--ft", f"--ft-ckpt-dir={run.ckpt}", f"--ft-ckpt-every={EVERY}", "--ft-max-restarts=2",
+            f"--ft-hang-timeout={HANG_TIMEOUT}"]
+
+
+def submit(run: Run, script: str, env: dict[str, str], workdir: Path) -> int:
+    import subprocess
+
+    path = workdir / f"{run.name}.sh"
+    path.write_text(script)
+    # --exclusive: a dead node takes down every job on it; each scenario gets its own nodes
+    done = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", "-J", run.name, *ft_flags(run), str(path)],
+                          cwd=workdir,
+                          env=env, capture_output=True, text=True, timeout=30, check=False)
     if done.returncode != 0:
-        raise SlurmFtError(f"demo: sbatch failed: {done.stderr.strip()}")
+        raise SlurmFtError(f"demo: sbatch for {run.name} failed: {done.stderr.strip()}")
     return int(done.stdout.strip().split(";")[0])
 
 
-def _wait(client, job_ids: list[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = [getattr(client.job(j), "state", None) for j in job_ids]
-        if all(s is not None and s.value in TERMINAL for s in states):
+def attempt_progress(run: Run) -> tuple[int, int] | None:
+    """(launcher attempt, the slowest rank's step in it), or None before the first heartbeat of 2 ranks."""
+    try:
+        starts = [e for e in read_events(run.run_dir) if e["event"] == "attempt_start"]
+    except FileNotFoundError:
+        return None
+    if not starts:
+        return None
+    beats = [b for b in read_heartbeats(run.run_dir) if b.time >= starts[-1]["time"] - 1]
+    return (starts[-1]["attempt"], min(b.step for b in beats)) if len(beats) >= 2 else None
+
+
+# --- faults -----------------------------------------------------------------------------------------------------
+def inject(lab: Any, run: Run, job: JobInfo, say: Callable[[str], None]) -> None:
+    """The scenario's fault, once the first attempt's ranks have all passed ``fault_step``."""
+    if run.name == "kill-rank":
+        signal_rank(lab, run.job_id, 1, signal.SIGKILL)
+        say(f"{run.name}: rank 1 of job {run.job_id} killed (SIGKILL) at step {run.fault_step}")
+    elif run.name == "hang":
+        signal_rank(lab, run.job_id, 1, signal.SIGSTOP)
+        say(f"{run.name}: rank 1 of job {run.job_id} stopped (SIGSTOP) at step {run.fault_step}")
+    elif run.name == "node-death":
+        run.victim = job.nodes[0]
+        crash_node(lab, run.victim)
+        say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) killed: slurmd, stepds, ranks")
+
+
+def show_launcher_events(run: Run, say: Callable[[str], None]) -> None:
+    try:
+        events = read_events(run.run_dir)
+    except FileNotFoundError:
+        return
+    for event in events[run.printed:]:
+        kind = event["event"]
+        if kind == "fault_detected":
+            say(f"{run.name}: launcher detected the attempt {event['kind']} (exit {event['exit_code']}"
+                + (f", no progress on ranks {event['hung_ranks']}" if event["hung_ranks"] else "") + ")")
+        elif kind == "verdict":
+            say(f"{run.name}: launcher verdict {event['verdict']['category']} "
+                f"(recoverable={event['verdict']['recoverable']})")
+        elif kind in ("restart_in_place", "spare_swap"):
+            say(f"{run.name}: launcher {kind.replace('_', ' ')}")
+        elif kind == "attempt_start" and event.get("resume_step") is not None:
+            say(f"{run.name}: attempt {event['attempt']} on {','.join(event['nodes'])} resumes from step "
+                f"{event['resume_step']}")
+        elif kind == "exit":
+            say(f"{run.name}: launcher exit {event['code']} ({event['why']})")
+    run.printed = len(events)
+
+
+# --- the demo ---------------------------------------------------------------------------------------------------
+class MonitorThread:
+    """The monitor polling every second over the lab's state dir, its log lines shown in short."""
+
+    def __init__(self, lab: Any, state: Path, log_path: Path, say: Callable[[str], None]) -> None:
+        from slurm_ft.classify import classify
+        from slurm_ft.monitor import Monitor, MonitorConfig
+        from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+
+        self.quarantine = Quarantine(QuarantineStore(default_db_path(state)), client=lab.client())
+        self.monitor = Monitor(MonitorConfig(state_dir=state, poll_interval_s=1.0), lab.client(), classify,
+                               quarantine=self.quarantine)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.monitor.run, daemon=True,
+                                       kwargs={"stop": self.stop.is_set, "sleep": self.stop.wait})
+        logger = logging.getLogger("slurm_ft.monitor")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        logger.handlers[:] = [logging.FileHandler(log_path), _ShortMonitorLines(say)]
+
+    def __enter__(self) -> "MonitorThread":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.monitor.close()
+
+
+class _ShortMonitorLines(logging.Handler):
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.say = say
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            event = json.loads(record.getMessage())
+        except ValueError:
             return
-        time.sleep(1.0)
-    raise SlurmFtError(f"demo: jobs {job_ids} did not finish within {timeout:g}s")
+        kind, job = event.get("event"), event.get("job_id")
+        if kind in ("job_failed", "job_requeued_by_slurm"):
+            verdict = event["verdict"]
+            culprit = verdict["culprit"]
+            blame = ", ".join([*culprit["nodes"], *(f"rank {r}" for r in culprit["ranks"])]) or "-"
+            self.say(f"monitor: job {job} {event.get('state', 'requeued by Slurm')}: {verdict['category']} "
+                     f"(culprit {blame}) -> {event.get('decision', 'adopt and exclude')}")
+        elif kind == "node_strike":
+            self.say(f"monitor: node {event['node']} struck ({event['category']}) -> {event['state']}")
+        elif kind == "job_requeued":
+            self.say(f"monitor: job {job} requeued, ExcNodeList={event['excluded']}, Comment '{event['comment']}'")
+        elif kind == "job_stopped":
+            self.say(f"monitor: job {job} stays ended: {event['reason']}")
 
 
-def _verdict(client, state: Path, job_id: int) -> str:
-    """The monitor's word on a job: its Comment, else its last recorded action (Slurm 22.05 refuses Comment
-    updates on finished jobs)."""
-    from slurm_ft.status import read_status
-
-    comment = getattr(client.job(job_id), "comment", "")
-    if comment:
-        return comment
-    try:
-        acts = [a for a in read_status(state)["actions"] if a["job_id"] == job_id]
-    except SlurmFtError:
-        return "-"
-    return acts[0]["detail"].get("comment", "-")[:120] if acts else "-"
-
-
-def _fmt(value: float | int | None, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}{unit}" if isinstance(value, float) else f"{value}{unit}"
-
-
-def run_demo(workdir: Path, steps: int, hang_timeout: int) -> str:
-    from slurm_ft.classify import classify
+def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, list[str]]:
+    """Run the scenarios; return the summary table and the checks that failed (empty: all held)."""
     from slurm_ft.lab.cluster import LabCluster, LabConfig
-    from slurm_ft.monitor import Monitor, MonitorConfig
 
-    lab = LabCluster(LabConfig(dir=workdir / "lab", nodes=4))
-    lab.up()
-    stop = threading.Event()
+    lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=4))
+    say(f"lab: starting a 4-node Slurm cluster in {lab.dir}")
+    lab.up(progress=lambda m: say(f"lab: {m}"))
+    state = ft_config.state_dir(ft_config.load_site_config(lab.dir / "etc" / "slurm-ft" / "config.toml"))
+    workdir = cfg.dir / "jobs"
+    workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    env = {**os.environ, **lab.env()}
+    runs = [Run(name=name, ckpt=workdir / f"ck-{name}") for name in
+            sorted(cfg.scenarios, key=lambda n: (n != "node-death", SCENARIOS.index(n)))]  # longest first
     try:
-        state = workdir / "state"
-        env = {**__import__("os").environ, **lab.env(), "SLURM_FT_STATE_DIR": str(state)}
-        monitor = Monitor(MonitorConfig(state_dir=state, poll_interval_s=2.0), lab.client(), classify)
-        thread = threading.Thread(target=monitor.run, kwargs={"stop": stop.is_set, "sleep": stop.wait}, daemon=True)
-        thread.start()
-        jobs_dir = workdir / "jobs"
-        jobs_dir.mkdir(parents=True, exist_ok=True)
-        scenarios: list[tuple[str, Fault | None]] = [("clean", None), ("kill-rank", Fault.KILL_RANK),
-                                                     ("hang", Fault.HANG), ("user-error", Fault.USER_ERROR)]
-        ids: dict[str, int] = {}
-        for batch in (scenarios[:2], scenarios[2:]):
-            batch_ids = [ids.setdefault(name, _submit(lab, env, jobs_dir, name, _script(
-                jobs_dir / f"ck-{name}", steps, fault, hang_timeout))) for name, fault in batch]
-            _wait(lab.client(), batch_ids, timeout=300)
-        time.sleep(3)  # one more monitor poll over the ended jobs
-        stop.set()
-        thread.join(timeout=30)
-        monitor.close()
-        clean = summarize(jobs_dir / "ck-clean" / ".slurm-ft")
-        rows = ["fault       | detection | recovery | steps lost | attempts | exit | ETTR | monitor comment"]
-        for name, _ in scenarios:
-            rec = summarize(jobs_dir / f"ck-{name}" / ".slurm-ft")
-            comment = _verdict(lab.client(), state, ids[name])
-            ratio = ettr(rec, clean.wall_s or 0.0)
-            rows.append(f"{name:<11} | {_fmt(rec.detection_s, ' s'):>9} | {_fmt(rec.recovery_s, ' s'):>8} | "
-                        f"{_fmt(rec.steps_lost):>10} | {rec.attempts:>8} | {_fmt(rec.exit_code):>4} | "
-                        f"{'-' if ratio is None else f'{ratio:.2f}':>4} | {comment}")
-        return "\n".join(rows)
+        with MonitorThread(lab, state, cfg.dir / "monitor.log", say) as monitor:
+            for run in runs:
+                run.job_id = submit(run, batch_script(cfg, run), env, workdir)
+                say(f"{run.name}: submitted job {run.job_id}")
+            _drive(cfg, lab, runs, say)
+            time.sleep(2.5)  # the monitor's last polls over the ended jobs
+            for run in runs:
+                run.final = lab.client().job(run.job_id)
+                run.result = _result(workdir / f"slurm-{run.job_id}.out")
+            table, failed = summarize_runs(cfg, runs, lab, monitor.quarantine)
+            for run in runs:
+                if run.victim:
+                    _restore(lab, monitor.quarantine, run.victim)
+        return table, failed
     finally:
-        stop.set()
-        lab.down()
+        if not cfg.keep_lab:
+            lab.down()
 
 
+def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None]) -> None:
+    client = lab.client()
+    deadline = time.monotonic() + cfg.timeout_s
+    pending = list(runs)
+    while pending:
+        if time.monotonic() > deadline:
+            raise SlurmFtError(f"demo: {', '.join(r.name for r in pending)} did not finish within {cfg.timeout_s:g}s"
+                               f" (evidence in {cfg.dir})")
+        jobs = {j.job_id: j for j in client.jobs()}
+        for run in list(pending):
+            job = jobs.get(run.job_id)
+            show_launcher_events(run, say)
+            if job is None:
+                continue
+            if run.name in ("kill-rank", "hang", "node-death") and run.fault_time is None:
+                progress = attempt_progress(run)
+                if progress is not None and progress[0] == 1 and progress[1] >= cfg.fault_step:
+                    run.fault_step, run.fault_time = progress[1], time.time()
+                    inject(lab, run, job, say)
+            if run.victim and run.detected_at is None and (job.restart_count > 0 or job.state is JobState.NODE_FAIL):
+                run.detected_at = time.time()
+                say(f"{run.name}: Slurm ended job {run.job_id} NODE_FAIL and requeued it")
+            if job.state in ENDED:
+                show_launcher_events(run, say)
+                say(f"{run.name}: job {run.job_id} {job.state.value}")
+                pending.remove(run)
+        time.sleep(0.3)
+
+
+def _result(path: Path) -> dict[str, Any] | None:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.startswith("{") and "param_sha256" in line:
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def _restore(lab: Any, quarantine: Any, node: str) -> None:
+    lab.start_node(node)
+    quarantine.release(node, by="demo")
+
+
+# --- the summary ------------------------------------------------------------------------------------------------
+def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any) -> tuple[str, list[str]]:
+    clean = next(r for r in runs if r.name == "clean")
+    clean_wall = fault_timing(read_events(clean.run_dir), fault_time=0.0, fault_step=0).wall_s or 0.0
+    reference = (clean.result or {}).get("param_sha256")
+    nodes = {n.name: n for n in lab.client().nodes()}
+    rows = [("fault", "verdict", "detection", "recovery", "steps lost", "requeues", "params", "ETTR")]
+    failed: list[str] = []
+    walls = []
+    for run in sorted(runs, key=lambda r: SCENARIOS.index(r.name)):
+        events = read_events(run.run_dir) if (run.run_dir / "events.jsonl").exists() else []
+        timing = None if run.fault_time is None else fault_timing(
+            events, fault_time=run.fault_time, fault_step=run.fault_step or 0, detected_at=run.detected_at)
+        checks = run_checks(cfg, run, timing, events, reference, nodes, quarantine)
+        failed += [f"{run.name}: {what}" for what, held in checks if not held]
+        wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
+        same = run.result is not None and run.result.get("param_sha256") == reference
+        ratio = clean_wall / wall if wall and run.name in ("kill-rank", "hang", "node-death") and same else None
+        if ratio is not None:
+            walls.append(wall)
+        rows.append((run.name, verdict_of(run, events), _secs(timing and timing.detection_s),
+                     _secs(timing and timing.recovery_s), "-" if timing is None else str(timing.steps_lost),
+                     str(run.final.restart_count if run.final else "-"),
+                     "-" if run.result is None else ("equal" if same else "DIFFERENT"),
+                     "-" if ratio is None else f"{min(ratio, 1.0):.2f}"))
+    table = _table(rows)
+    if walls:
+        table += (f"\nETTR over the {len(walls)} recovered runs: {min(1.0, clean_wall * len(walls) / sum(walls)):.2f}"
+                  f" (clean run {clean_wall:.1f} s of wall time per job; faults cost the rest)")
+    return table, failed
+
+
+def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], reference: str | None,
+               nodes: dict[str, Any], quarantine: Any) -> list[tuple[str, bool]]:
+    """What must hold for ``run``'s scenario, as (description, held)."""
+    final, result = run.final, run.result or {}
+    state = final.state.value if final else "gone"
+    comment = final.comment if final else ""
+    if run.name == "user-error":
+        attempts = sum(1 for e in events if e["event"] == "attempt_start")
+        return [("ended FAILED", state == "FAILED"), ("one attempt", attempts == 1),
+                ("not requeued", final is not None and final.restart_count == 0),
+                ("verdict user_code in the Comment", comment.startswith("slurm-ft: stopped cause=user_code"))]
+    checks = [("completed", state == "COMPLETED"), ("all steps", result.get("step") == cfg.steps)]
+    if run.name == "clean":
+        return checks
+    checks += [("fault injected", timing is not None),
+               ("params equal the clean run's", reference is not None and result.get("param_sha256") == reference),
+               (f"<= {EVERY} steps lost", timing is not None and timing.steps_lost is not None
+                and 0 <= timing.steps_lost <= EVERY)]
+    if run.name in ("kill-rank", "hang"):
+        checks.append(("recovered in place", final is not None and final.restart_count == 0))
+    if run.name == "hang":
+        checks.append((f"detected within the {HANG_TIMEOUT} s hang timeout (+5 s polling)",
+                       timing is not None and timing.detection_s is not None
+                       and timing.detection_s <= HANG_TIMEOUT + 5))
+    if run.name == "node-death":
+        node = nodes.get(run.victim)
+        checks += [("requeued once", final is not None and final.restart_count == 1),
+                   ("classified hardware_node", "cause=hardware_node" in comment),
+                   ("dead node in ExcNodeList", final is not None and run.victim in final.excluded_nodes),
+                   ("dead node quarantined", bool(run.victim) and quarantine.is_quarantined(run.victim)
+                    and node is not None and node.reason.startswith("slurm-ft:"))]
+    return checks
+
+
+def verdict_of(run: Run, events: list[dict]) -> str:
+    comment = run.final.comment if run.final else ""
+    if "cause=" in comment:
+        return comment.split("cause=", 1)[1].split()[0]
+    kinds = [e["kind"] for e in events if e["event"] == "fault_detected"]
+    return {"hung": "hang", "failed": "crash"}.get(kinds[0], kinds[0]) if kinds else "-"
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# --- CLI --------------------------------------------------------------------------------------------------------
 def register(subparsers: argparse._SubParsersAction, name: str = "demo") -> None:
-    parser = subparsers.add_parser(name, help="lab cluster + monitor + injected faults, with a summary table")
+    parser = subparsers.add_parser(name, help="inject faults into training jobs on a local Slurm lab, show recovery",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", help="working directory (default: a new one under /tmp)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help=f"comma-separated subset of {','.join(SCENARIOS)} (clean always runs)")
     parser.add_argument("--steps", type=int, default=24, help="training steps per job (default 24)")
-    parser.add_argument("--hang-timeout", type=int, default=8, help="launcher hang timeout in seconds (default 8)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for all jobs (default 600)")
+    parser.add_argument("--keep-lab", action="store_true", help="leave the lab running afterwards")
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
-    if args.steps < 8:
-        raise SlurmFtError(f"demo: --steps must be >= 8, got {args.steps}")
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="slurm-ft-demo-", dir="/tmp"))
+    try:
+        cfg = DemoConfig(dir=workdir, scenarios=tuple(s.strip() for s in args.scenarios.split(",") if s.strip()),
+                         steps=args.steps, timeout_s=args.timeout, keep_lab=args.keep_lab)
+    except ValueError as exc:
+        raise SlurmFtError(f"demo: {exc}") from exc
     workdir.mkdir(parents=True, exist_ok=True)
-    workdir.chmod(0o755)
-    print(run_demo(workdir, args.steps, args.hang_timeout))
-    print(f"(evidence in {workdir})")
-    return 0
+    workdir.chmod(0o755)  # the jobs read their scripts and write checkpoints here
+
+    def say(line: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+    started = time.monotonic()
+    table, failed = run_demo(cfg, say)
+    print()
+    print(table)
+    print()
+    for line in failed:
+        print(f"FAILED CHECK  {line}")
+    print(f"{'all checks held' if not failed else f'{len(failed)} check(s) failed'} in "
+          f"{time.monotonic() - started:.0f} s; evidence in {workdir} (monitor.log, jobs/)")
+    return 0 if not failed else 1

@@ -20,15 +20,18 @@ import enum
 import json
 import logging
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from slurm_ft import config as ft_config
+from slurm_ft import env
 from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
 from slurm_ft.classify.taxonomy import Action, Verdict
 from slurm_ft.config import require
@@ -602,12 +605,25 @@ class Monitor:
 def register(subparsers: argparse._SubParsersAction, name: str = "monitor") -> None:
     parser = subparsers.add_parser(name, help="watch --ft jobs; requeue recoverable failures, stop the rest")
     parser.add_argument("--once", action="store_true", help="one poll, then exit")
-    parser.add_argument("--state-dir", help="state directory (default: $SLURM_FT_STATE_DIR or the site config)")
-    parser.add_argument("--poll", type=float, default=30.0, help="seconds between polls (default 30)")
+    parser.add_argument("--config", help="site config (default $SLURM_FT_CONFIG or /etc/slurm-ft/config.toml)")
+    parser.add_argument("--state-dir", help="state directory (default: $SLURM_FT_STATE_DIR, else [monitor] "
+                                            "state_dir, else the site config's state_dir)")
+    parser.add_argument("--poll", type=float, help="seconds between polls (default [monitor] poll_interval_s, 30)")
     parser.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
-    parser.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on 127.0.0.1:PORT")
-    parser.add_argument("--max-restarts", type=int, default=3, help="budget for jobs that set none (default 3)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT (0 off)")
+    parser.add_argument("--max-restarts", type=int, help="budget for jobs that set none ([monitor] "
+                                                         "default_max_restarts, 3)")
     parser.set_defaults(func=_main)
+
+
+def config_from_args(args: argparse.Namespace, site: ft_config.SiteConfig) -> MonitorConfig:
+    """Flags win over ``$SLURM_FT_STATE_DIR``, which wins over the site config's ``[monitor]`` and ``state_dir``."""
+    section = site.section("monitor")
+    state = args.state_dir or os.environ.get(env.STATE_DIR) or section.get("state_dir") or ft_config.state_dir(site)
+    flags = {"poll_interval_s": args.poll, "default_max_restarts": args.max_restarts,
+             "metrics_port": args.metrics_port, "dry_run": args.dry_run or None}
+    return site.build("monitor", MonitorConfig, state_dir=Path(state),
+                      **{k: v for k, v in flags.items() if v is not None})
 
 
 def _slurm_user() -> str | None:
@@ -633,28 +649,27 @@ def require_actor(dry_run: bool, *, euid: int | None = None, slurm_user: Callabl
 
 def _main(args: argparse.Namespace) -> int:
     from slurm_ft.classify import classify
-    from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+    from slurm_ft.quarantine import Quarantine, QuarantineConfig, QuarantineStore, default_db_path
     from slurm_ft.slurm.backend import make_client
 
-    state = Path(args.state_dir) if args.state_dir else ft_config.state_dir(ft_config.load_site_config())
-    try:
-        config = MonitorConfig(poll_interval_s=args.poll, state_dir=state, default_max_restarts=args.max_restarts,
-                               metrics_port=args.metrics_port, dry_run=args.dry_run)
-    except ValueError as exc:
-        raise SlurmFtError(f"monitor: {exc}") from exc
+    site = ft_config.load_site_config(args.config)
+    config = config_from_args(args, site)
     require_actor(config.dry_run)
     client = make_client()
-    quarantine = None if config.dry_run else Quarantine(QuarantineStore(default_db_path(state)), client=client)
+    quarantine = None if config.dry_run else Quarantine(
+        QuarantineStore(default_db_path(config.state_dir)), site.build("quarantine", QuarantineConfig), client=client)
     monitor = Monitor(config, client, classify, quarantine=quarantine)
     if config.metrics_port:
         from slurm_ft.metrics import serve
 
         serve(monitor.metrics, config.metrics_port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())  # systemd stop: finish the poll, exit
     try:
         if args.once:
             monitor.poll_once()
         else:
-            monitor.run()
+            monitor.run(stop=stop.is_set, sleep=stop.wait)
     finally:
         monitor.close()
     return 0

@@ -465,3 +465,27 @@ def test_nodes_are_this_runs_after_a_requeue(state, tmp_path):
     client.jobs_by_id[100] = dataclasses.replace(client.jobs_by_id[100], state=JobState.RUNNING, nodes=("n3", "n4"))
     mon.poll_once()
     assert json.loads(mon.db.job(100)["nodes"]) == ["n3", "n4"]
+
+
+def test_cli_flags_beat_env_beats_site_config(tmp_path, monkeypatch):
+    import argparse
+
+    from slurm_ft.config import SiteConfig
+    from slurm_ft.errors import ConfigError
+    from slurm_ft.monitor import config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(), "monitor")
+    site = SiteConfig(sections={"state_dir": str(tmp_path / "site"),
+                                "monitor": {"poll_interval_s": 5.0, "default_max_restarts": 7}}, source="t.toml")
+    monkeypatch.delenv("SLURM_FT_STATE_DIR", raising=False)
+    cfg = config_from_args(parser.parse_args(["monitor"]), site)
+    assert (cfg.poll_interval_s, cfg.default_max_restarts, cfg.state_dir) == (5.0, 7, tmp_path / "site")
+    monkeypatch.setenv("SLURM_FT_STATE_DIR", str(tmp_path / "env"))
+    cfg = config_from_args(parser.parse_args(["monitor", "--poll", "2", "--max-restarts", "1"]), site)
+    assert (cfg.poll_interval_s, cfg.default_max_restarts, cfg.state_dir) == (2.0, 1, tmp_path / "env")
+    cfg = config_from_args(parser.parse_args(["monitor", "--state-dir", str(tmp_path / "flag")]), site)
+    assert cfg.state_dir == tmp_path / "flag"
+    bad = SiteConfig(sections={"monitor": {"poll_every": 3}}, source="t.toml")
+    with pytest.raises(ConfigError, match="poll_every"):
+        config_from_args(parser.parse_args(["monitor"]), bad)

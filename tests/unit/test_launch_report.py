@@ -1,0 +1,48 @@
+"""``slurm-ft report`` over literal launcher events."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_ft.cli import main
+from slurm_ft.report import LOST, attempts, format_report
+
+EVENTS = [
+    {"event": "attempt_start", "time": 100.0, "attempt": 1, "nodes": ["n1", "n2"], "resume_step": None},
+    {"event": "first_step", "time": 107.0, "attempt": 1, "step": 1},
+    {"event": "attempt_start", "time": 175.0, "attempt": 1, "nodes": ["n2", "n3"], "resume_step": 8},  # requeued
+    {"event": "first_step", "time": 183.0, "attempt": 1, "step": 9},
+    {"event": "fault_detected", "time": 190.0, "attempt": 1, "kind": "hung"},
+    {"event": "restart_in_place", "time": 191.0, "attempt": 1},
+    {"event": "attempt_start", "time": 191.0, "attempt": 2, "nodes": ["n2", "n3"], "resume_step": 12},
+    {"event": "first_step", "time": 197.0, "attempt": 2, "step": 13},
+    {"event": "exit", "time": 205.0, "code": 0, "why": "succeeded"},
+]
+
+
+def test_attempt_rows_count_requeues_as_runs():
+    rows = attempts(EVENTS)
+    assert [(r.run, r.attempt) for r in rows] == [(1, 1), (2, 1), (2, 2)]
+    assert [r.ended for r in rows] == [LOST, "hung", "succeeded"]
+    assert [r.resume_step for r in rows] == [None, 8, 12]
+    assert rows[1].startup_s == 8.0 and rows[2].nodes == ("n2", "n3")
+    text = format_report(rows)
+    assert text.splitlines()[-1] == "3 attempt(s) in 2 run(s), 2 fault(s), succeeded, 105.0 s"
+
+
+def test_a_stop_shows_the_fault_and_the_exit():
+    rows = attempts([EVENTS[0], {"event": "fault_detected", "time": 110.0, "kind": "failed"},
+                     {"event": "exit", "time": 110.1, "code": 1, "why": "not recoverable in place"}])
+    assert rows[0].ended == "failed, then exit 1: not recoverable in place"
+
+
+def test_cli_reads_a_checkpoint_dir_and_refuses_an_empty_one(tmp_path, capsys):
+    run = tmp_path / "ckpt" / ".slurm-ft"
+    run.mkdir(parents=True)
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS) + '{"event": "attempt_st')
+    assert main(["report", str(tmp_path / "ckpt"), "--json"]) == 0
+    assert [r["run"] for r in json.loads(capsys.readouterr().out)] == [1, 2, 2]
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no events.jsonl" in capsys.readouterr().err

@@ -191,6 +191,7 @@ class CheckpointManager:
         self.rank_hosts = self._all_gather(records.node_name())
         self.dir.mkdir(parents=True, exist_ok=True)
         self._stager = Stager(reuse_buffers=config.reuse_staging_buffers)
+        get_state_dict(self.model, [])  # torch imports lazily on the first call: pay at startup, not in a stall
         self._thread: threading.Thread | None = None
         self._inflight: SaveResult | None = None
         self._last_saved_step = -1

@@ -1,0 +1,22 @@
+"""``slurm-ft demo`` on its own lab: the clean run and one fault, every check held, the table filled in."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurm_ft.demo import DemoConfig, run_demo
+
+pytestmark = pytest.mark.lab
+
+
+def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped where no lab can run
+    lines = []
+    table, failed = run_demo(DemoConfig(dir=tmp_path / "demo", scenarios=("kill-rank",), steps=16), lines.append)
+    assert failed == []
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in table.splitlines()
+            if "|" in line}
+    assert set(rows) == {"fault", "clean", "kill-rank"}
+    assert rows["kill-rank"][6] == "equal" and rows["kill-rank"][5] == "0"  # params; no requeue
+    assert any("rank 1 of job" in line and "SIGKILL" in line for line in lines)
+    assert any("restart in place" in line for line in lines)
+    assert "ETTR over the 1 recovered runs" in table

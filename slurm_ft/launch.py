@@ -499,7 +499,8 @@ def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> 
     try:
         write_registration(state, FtJob(job_id=int(job_id), ckpt_dir=ft_env.job_setting(ft_env.CKPT_DIR, environ) or "",
                                         run_dir=str(config.run_dir), max_restarts=config.max_restarts,
-                                        user_id=os.getuid()))
+                                        user_id=os.getuid(),
+                                        no_requeue=ft_env.job_setting(ft_env.NO_REQUEUE, environ) == "1"))
     except OSError as exc:
         log.info("not registered with the monitor (%s)", exc)
 

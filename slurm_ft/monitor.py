@@ -96,6 +96,7 @@ class FtJob:
     run_dir: str = ""
     max_restarts: int | None = None
     user_id: int | None = None
+    no_requeue: bool = False  # --ft-no-requeue: the launcher restarts in place; the monitor never requeues
 
 
 # --- the job registry -----------------------------------------------------------------------------------------
@@ -147,7 +148,8 @@ def read_registration(state_dir: Path, job: JobInfo) -> FtJob | None:
     if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 0):
         raise ValueError(f"registry entry of job {job.job_id}: max_restarts must be an integer >= 0, got {budget!r}")
     return FtJob(job_id=job.job_id, ckpt_dir=str(data.get("ckpt_dir") or ""), run_dir=str(data.get("run_dir") or ""),
-                 max_restarts=budget, user_id=job.user_id if job.user_id is not None else user_id)
+                 max_restarts=budget, user_id=job.user_id if job.user_id is not None else user_id,
+                 no_requeue=data.get("no_requeue") in (True, 1, "1"))
 
 
 # --- the SQLite state ------------------------------------------------------------------------------------------
@@ -305,6 +307,9 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
     if launcher_stop is not None and not culprits:  # it saw the same root cause at the same step twice
         return Decision(requeue=False, category=category, reason=f"stopped by slurm-ft launch ({launcher_stop})",
                         resume_step=resume_step)
+    if ft.no_requeue:
+        return Decision(requeue=False, category=category, reason="recoverable, but the job asked for no requeue "
+                        "(--ft-no-requeue)", resume_step=resume_step)
     if job.restart_count >= budget:
         return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({budget})",
                         resume_step=resume_step)

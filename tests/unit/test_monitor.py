@@ -489,3 +489,14 @@ def test_cli_flags_beat_env_beats_site_config(tmp_path, monkeypatch):
     bad = SiteConfig(sections={"monitor": {"poll_every": 3}}, source="t.toml")
     with pytest.raises(ConfigError, match="poll_every"):
         config_from_args(parser.parse_args(["monitor"]), bad)
+
+
+def test_no_requeue_job_is_stopped_even_when_recoverable(state, tmp_path):
+    ckpt = tmp_path / "ck"
+    write_registration(state, FtJob(job_id=100, ckpt_dir=str(ckpt), run_dir=str(run_dir_for(ckpt)), user_id=UID,
+                                    no_requeue=True))
+    client = FakeClient([failed()])
+    mon = make(state, client)
+    mon.poll_once()
+    assert client.count("requeue") == 0
+    assert "--ft-no-requeue" in json.loads(mon.db.action(100, 0, "stop")["detail"])["comment"]

@@ -1,15 +1,30 @@
 """The job monitor: one batched poll of Slurm, then classify and act on every --ft job that ended.
 
-A job is ours when ``<state_dir>/jobs/<job_id>.json`` exists (written by ``slurm-ft launch`` or the prolog:
-``{ckpt_dir, run_dir, max_restarts, user_id}``) or its Comment starts with ``slurm-ft:``.
+Which jobs: those with ``<state_dir>/jobs/<job_id>.json`` (``{ckpt_dir, run_dir, max_restarts, user_id,
+no_requeue}``), written by the prolog (root, from the SPANK options; preferred) or else by ``slurm-ft launch``;
+read without following symlinks, owned by root, us or the job's user, uid checked. A Comment starting with
+``slurm-ft:`` marks a job too (no checkpoint dir known then).
 
-For a job that newly ended: gather node reports (``<state_dir>/reports/<job_id>/*.json``), the ranks' error
-files and the node states of the same poll; classify; then either requeue it (held, ExcNodeList += culprits,
-Comment ``slurm-ft: restart=K resume_step=S cause=C``, released) or leave it ended with
-``slurm-ft: stopped cause=C ...`` in the Comment. Every action is written to SQLite as ``intent`` before it
-is taken and ``done`` after, keyed by (job_id, restart_count, action). Slurm 22.05 refuses to update the
-Comment of a finished job, so a stop verdict is always also kept in the state DB (``slurm-ft status``): a monitor killed in between
-reconciles on its next poll and never requeues twice.
+Each poll is one ``jobs()`` and one ``nodes()`` call, whatever the number of jobs. For a job that ended: gather
+node reports (``<state_dir>/reports/<job_id>/*.json``), the ranks' error files and the node states of the same
+poll; classify; decide (budget ``max_restarts``, crash loop = no newer checkpoint than at the last requeue,
+``--ft-no-requeue``, the launcher's own stop); then either requeue it (held, ExcNodeList += culprits, Comment
+``slurm-ft: restart=K resume_step=S cause=C``, released) or leave it ended with the verdict in the log and the
+state DB (``slurm-ft status``). Slurm 22.05 refuses to change the Comment of a finished job, so the launcher
+writes its stop verdict (``slurm-ft: stopped cause=C by=launch ...``) while the job still runs.
+
+Coexisting with Slurm's own requeue (JobRequeue=1 requeues a batch job that ends NODE_FAIL): the monitor leaves
+a requeueable NODE_FAIL job to Slurm and *adopts* the requeue it sees (restart count up, pending): strike and
+exclude the dead nodes, set the resume hint. Every other failure is requeued by the monitor. Nodes:
+
+- culprits of a verdict (Slurm's node states, the epilog's reports) get one quarantine strike per job;
+- a node Slurm calls down or not responding under a running job (``--no-kill``: the job lives on, its launcher
+  swaps in a spare) gets a hardware_node strike;
+- nodes the launcher names in ``slurm-ft: tempfail bad_nodes=a+b`` (its probe failed them) are excluded from
+  that job's next run, never struck: a user's Comment must not drain a node.
+
+Every action is written to SQLite as ``intent`` before it is taken and ``done`` after, keyed by (job_id,
+restart_count, action): a monitor killed in between reconciles on its next poll and never requeues twice.
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ class Launcher:
                  classify_fn: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
                  resume_step: int | None = None, probe: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
-                 set_comment: Callable[[str], None] | None = None) -> None:
+                 set_comment: Callable[[str], None] | None = None, requeues: int = 0) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -223,6 +223,7 @@ class Launcher:
         self.clock, self.sleep, self.port = clock, sleep, port
         self.resume_step = resume_step
         self.probe, self.set_comment = probe, set_comment
+        self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
         if self.wanted < 1 or self.wanted > len(self.allocation):
             raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
@@ -234,6 +235,12 @@ class Launcher:
     def run(self) -> int:
         retries_left = self.config.max_restarts
         bad: set[str] = set()
+        if self.requeues > self.config.max_restarts:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
+            from slurm_ft.monitor import stop_comment
+
+            why = f"restart budget exhausted ({self.requeues} requeues > {self.config.max_restarts})"
+            self._comment(stop_comment("unknown", f"by=launch {why}", ()))
+            return self._exit(1, why)
         self._archive("earlier")  # a requeued job's run dir holds the previous run's beats and errors
         while True:
             chosen = choose_nodes(self.allocation, wanted=self.wanted, bad=bad)
@@ -540,8 +547,10 @@ def _main(args: argparse.Namespace) -> int:
     from slurm_ft.classify import classify
     from slurm_ft.launch_probe import ProbeConfig, probe_nodes
 
+    requeues = environ.get("SLURM_RESTART_COUNT", "0")
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
-                        classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment)
+                        classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
+                        requeues=int(requeues) if requeues.isdigit() else 0)
     return launcher.run()
 
 

@@ -292,3 +292,12 @@ def test_srun_killed_by_a_signal_exits_like_a_shell(tmp_path):
     run = tmp_path / "run"
     launcher, runner, _ = make(tmp_path, [Script(run, code=-9)], max_restarts=0)
     assert launcher.run() == 137
+
+
+def test_requeued_past_the_budget_stops_before_running(tmp_path):
+    comments = []
+    launcher, runner, _ = make(tmp_path, [], max_restarts=2, set_comment=comments.append)
+    launcher.requeues = 3
+    assert launcher.run() == 1
+    assert runner.calls == []
+    assert comments[0].startswith("slurm-ft: stopped cause=unknown by=launch restart budget exhausted (3 requeues > 2)")

@@ -41,7 +41,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append("")
         lines.append("recent actions:")
         for act in status["actions"]:
-            note = act["detail"].get("comment", "")
+            note = act["detail"].get("comment") or act["detail"].get("category", "")  # a strike names its category
             lines.append(f"  job {act['job_id']} restart {act['restart_count']}: {act['action']} {act['state']} {note}")
     return "\n".join(lines)
 

@@ -27,3 +27,13 @@ def test_status_without_state_is_one_line_error(tmp_path, capsys):
     assert main(["status", "--state-dir", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("slurm-ft: status: no monitor state at") and err.count("\n") == 1
+
+
+def test_status_names_the_category_of_a_strike(tmp_path):
+    from slurm_ft.monitor import MonitorDb
+    from slurm_ft.status import format_status, read_status
+
+    db = MonitorDb(tmp_path / "monitor.db")
+    db.record_strike(7, 0, "n3", "hardware_node", 1000.0)
+    db.close()
+    assert "job 7 restart 0: strike:n3 done hardware_node" in format_status(read_status(tmp_path))

@@ -187,7 +187,8 @@ class MonitorThread:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.monitor.run, daemon=True,
                                        kwargs={"stop": self.stop.is_set, "sleep": self.stop.wait})
-        logger = logging.getLogger("slurm_ft.monitor")
+        logger = self.logger = logging.getLogger("slurm_ft.monitor")
+        self._saved_logger = (logger.propagate, logger.level, list(logger.handlers))
         logger.propagate = False
         logger.setLevel(logging.INFO)
         logger.handlers[:] = [logging.FileHandler(log_path), _ShortMonitorLines(say)]
@@ -200,6 +201,12 @@ class MonitorThread:
         self.stop.set()
         self.thread.join(timeout=30)
         self.monitor.close()
+        for handler in self.logger.handlers:
+            handler.close()
+        propagate, level, handlers = self._saved_logger  # the demo runs in-process (tests): leave logging as found
+        self.logger.propagate = propagate
+        self.logger.setLevel(level)
+        self.logger.handlers[:] = handlers
 
 
 class _ShortMonitorLines(logging.Handler):

@@ -287,7 +287,8 @@ class CheckpointManager:
             result.stall_s = time.monotonic() - start
             self._inflight = result
             self._thread = threading.Thread(target=self._write_and_commit, name=f"slurm-ft-ckpt-{step}",
-                                            args=(result, state, local, tmp, start), daemon=True)
+                                            args=(result, state, local, tmp, start))
+            # not a daemon: interpreter exit waits for the save instead of killing the thread inside torch
             self._thread.start()
         self.last_stall_s = result.stall_s
         return result
@@ -345,6 +346,7 @@ class CheckpointManager:
     def _disarm_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+            self._watchdog.join(timeout=5.0)  # a daemon thread still alive at interpreter exit can abort it
             self._watchdog = None
 
     def _emergency_agreed(self) -> bool:
@@ -568,11 +570,18 @@ def _free_space_note(path: Path) -> str:
         return ""
 
 
-def _remove_tree(path: Path) -> None:
+def _remove_tree(path: Path, attempts: int = 10) -> None:
+    """Remove a failed save's temp dir. DCP does not join its other writer threads when one fails, so a file
+    may appear while we delete: retry for a moment (retention removes whatever is left later)."""
     import shutil
-    try:
-        shutil.rmtree(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.error("could not remove %s: %s", path, exc)
+    for attempt in range(attempts):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if attempt == attempts - 1:
+                log.error("could not remove %s: %s", path, exc)
+                return
+            time.sleep(0.2)

@@ -64,7 +64,8 @@ class CheckpointConfig:
     every: save every N steps (--ft-ckpt-every / SLURM_FT_CKPT_EVERY); keep_last: newest committed checkpoints
     kept; keep_every: also keep every step divisible by it (0 = off); async_save: stage on the loop, write in
     the background; emergency_deadline_s: from a SIGUSR1/SIGTERM to the end of the emergency save (past it the
-    process exits with 128+signal); verify: sha256 of every file at load (False: sizes only);
+    process exits with 128+signal; keep it below Slurm's KillWait for SIGTERM, below N of --signal=B:USR1@N
+    minus the step time for USR1); verify: sha256 of every file at load (False: sizes only);
     write_threads: DCP writer threads per rank; reuse_staging_buffers: keep the host staging copy between
     async saves (faster stalls, one state's worth of host memory); collective_timeout_s: timeout of the
     manager's gloo groups (a dead peer fails a save instead of hanging it).

@@ -20,6 +20,7 @@ The last stdout line of rank 0 is ``{"step": N, "param_sha256": "...", ...}`` (s
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import logging
@@ -41,7 +42,7 @@ from slurm_ft.train.heartbeat import HeartbeatWriter
 
 IN_FEATURES = 16
 BATCH = 24
-MODEL_SIZES = {"small": 32, "medium": 1024}
+MODEL_SIZES = {"small": 32, "medium": 1024, "large": 2048}
 
 
 class InjectedFault(RuntimeError):
@@ -70,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
     p.add_argument("--sync", action="store_true", help="synchronous checkpoint saves")
     p.add_argument("--emergency-deadline", type=float, default=60.0, help="seconds from SIGUSR1/SIGTERM to exit")
+    p.add_argument("--batch-per-rank", type=int, help="samples per rank and step (default: a global batch of "
+                                                     f"{BATCH} split across ranks); the same work per rank at any size")
+    p.add_argument("--pg-timeout", type=float, help="seconds a collective may wait for a peer (process group and "
+                                                    "checkpoint groups; default: torch's)")
+    p.add_argument("--timeline", help="rank 0 appends its launch, start, steps and save stalls here (JSON lines; "
+                                      "slurm_ft.bench.timeline)")
     for name in ("fail-at", "hang-at", "crash-at", "signal-at"):
         p.add_argument(f"--{name}", type=_rank_step, metavar="RANK:STEP")
     args = p.parse_args(argv)
@@ -80,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--steps must be >= 0 and --hidden >= 1, got {args.steps} and {args.hidden}")
     if args.ckpt_every < 1:
         p.error(f"--ckpt-every must be >= 1, got {args.ckpt_every}")
+    if args.batch_per_rank is not None and args.batch_per_rank < 1:
+        p.error(f"--batch-per-rank must be >= 1, got {args.batch_per_rank}")
+    if args.pg_timeout is not None and not args.pg_timeout > 0:
+        p.error(f"--pg-timeout must be > 0 seconds, got {args.pg_timeout}")
     return args
 
 
@@ -110,12 +121,13 @@ class SyntheticData:
     """Deterministic batches: batch ``i`` is a pure function of (seed, i). ``position`` is the next batch
     index; it is what the checkpoint saves as the dataloader state."""
 
-    def __init__(self, seed: int, rank: int, world: int, device: torch.device) -> None:
+    def __init__(self, seed: int, rank: int, world: int, device: torch.device, global_batch: int = BATCH) -> None:
         self.seed, self.rank, self.world, self.device = seed, rank, world, device
+        self.global_batch = global_batch
         self.position = 0
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = batch(self.seed, self.position, self.rank, self.world)
+        x, y = batch(self.seed, self.position, self.rank, self.world, self.global_batch)
         self.position += 1
         return x.to(self.device), y.to(self.device)
 
@@ -126,10 +138,10 @@ class SyntheticData:
         self.position = int(state["position"])
 
 
-def batch(seed: int, index: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's slice of global batch ``index``: a pure function of (seed, index)."""
+def batch(seed: int, index: int, rank: int, world: int, size: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's slice of global batch ``index`` of ``size`` samples: a pure function of (seed, index, size)."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + index)
-    x = torch.randn(BATCH, IN_FEATURES, generator=gen)
+    x = torch.randn(size, IN_FEATURES, generator=gen)
     y = x.sum(dim=1, keepdim=True).sin()
     return x[rank::world], y[rank::world]
 
@@ -182,22 +194,27 @@ def _inject(args: argparse.Namespace, rank: int, step: int, resumed: int) -> Non
 
 
 def train(args: argparse.Namespace, rank: int, world: int, device: torch.device, tracker: StepTracker,
-          run_dir: str) -> dict:
+          run_dir: str, timeline=None) -> dict:
     report = topology.revalidate(ckpt_dir=args.ckpt_dir)
     model = build_model(args.hidden, args.seed, world, parallel=args.parallel, device=device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
-    data = SyntheticData(args.seed, rank, world, device)
+    data = SyntheticData(args.seed, rank, world, device,
+                         global_batch=args.batch_per_rank * world if args.batch_per_rank else BATCH)
+    timeouts = {"collective_timeout_s": args.pg_timeout} if args.pg_timeout else {}
     config = CheckpointConfig(dir=args.ckpt_dir, every=args.ckpt_every, keep_last=args.keep_last,
-                              async_save=not args.sync, emergency_deadline_s=args.emergency_deadline)
+                              async_save=not args.sync, emergency_deadline_s=args.emergency_deadline, **timeouts)
     mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()
     heart = HeartbeatWriter(run_dir, rank)
     start = mgr.resume()
     loaded_sha = param_sha256(model) if start > 0 else None
     step, emergency = start, False
+    if timeline is not None:
+        timeline.write("start", resumed_from=start, world=world, pid=os.getpid())
     model.train()
     while step < args.steps:
+        began = time.time()
         tracker.step = step + 1
         _inject(args, rank, step + 1, start)
         x, y = data.next()
@@ -210,11 +227,18 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
         heart.beat(step)
         if args.step_time:
             time.sleep(args.step_time)
-        mgr.maybe_save(step)
+        stepped = time.time()
+        saved = mgr.maybe_save(step)
+        if timeline is not None:
+            timeline.write("step", step=step, t0=round(began, 4), t1=round(stepped, 4))
+            if saved:
+                timeline.write("save", step=step, t0=round(stepped, 4), t1=round(time.time(), 4))
         if mgr.exit_requested:
             emergency = True
             break
     mgr.close()
+    if timeline is not None:
+        timeline.write("end", step=step)
     return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,
             "resumed_sha256": loaded_sha, "world_size": world, "data_position": data.position,
             "emergency": emergency, "resharded_from": report.resharding[0] if report.resharding else None,
@@ -228,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"[rank{rank}] %(levelname)s %(name)s: %(message)s")
     run_dir = env.job_setting(env.RUN_DIR) or str(records.run_dir_for(args.ckpt_dir))
     device = torch.device("cpu")
+    timeline = None
+    if args.timeline and rank == 0:
+        from slurm_ft.bench.timeline import TimelineWriter
+        timeline = TimelineWriter(args.timeline)
+        timeline.write("launch")
     with record_errors(run_dir, rank) as tracker:
         if args.backend == "nccl":
             device = torch.device("cuda", local_rank)
@@ -235,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
             topology.prepare_nccl_topo_dump(args.ckpt_dir)
         if world > 1:
             rendezvous_env(os.environ)
-            dist.init_process_group(args.backend, rank=rank, world_size=world)
+            timeout = {"timeout": datetime.timedelta(seconds=args.pg_timeout)} if args.pg_timeout else {}
+            dist.init_process_group(args.backend, rank=rank, world_size=world, **timeout)
         try:
-            result = train(args, rank, world, device, tracker, run_dir)
+            result = train(args, rank, world, device, tracker, run_dir, timeline)
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()

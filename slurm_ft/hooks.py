@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slurm_ft import env
+from slurm_ft import env, registry
 from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import SiteConfig, load_site_config, require, state_dir
 from slurm_ft.errors import SlurmFtError
@@ -159,8 +159,8 @@ class Settings:
         return self.state_dir / "prolog" / str(int(job_id)) / f"{node}.json"
 
     def registry_path(self, job_id: int) -> Path:
-        """The monitor's job registry entry (slurm_ft.monitor.registry_path: same layout, not imported: slow)."""
-        return self.state_dir / "jobs" / f"{int(job_id)}.json"
+        """The monitor's job registry entry."""
+        return registry.registry_path(self.state_dir, job_id)
 
 
 @dataclasses.dataclass(slots=True)
@@ -332,10 +332,10 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
 
 
 def _registration(ctx: JobContext) -> dict[str, Any]:
-    """``{job_id, ckpt_dir, run_dir, max_restarts, user_id}``: marks an --ft job for the monitor (monitor.FtJob)."""
-    max_restarts = _int(ctx.settings.get(env.MAX_RESTARTS))
-    return {"job_id": ctx.job_id, "ckpt_dir": ctx.ckpt_dir or "", "run_dir": ctx.run_dir or "",
-            "max_restarts": max_restarts, "user_id": ctx.uid}
+    """The monitor's registry entry (``registry.FtJob``) for an --ft job, from its SPANK options."""
+    job = registry.FtJob.from_settings(ctx.job_id, ctx.settings, run_dir=ctx.run_dir or "",
+                                       max_restarts=_int(ctx.settings.get(env.MAX_RESTARTS)), user_id=ctx.uid)
+    return dataclasses.asdict(job)
 
 
 def run_health_check(ctx: JobContext, settings: Settings, deps: Deps) -> int:

@@ -491,7 +491,8 @@ def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> 
     SPANK options) already did; skipped when the state dir is not writable (the usual case for users)."""
     from slurm_ft import config as ft_config
     from slurm_ft.errors import ConfigError
-    from slurm_ft.monitor import FtJob, registry_path, write_registration
+    from slurm_ft.monitor import write_registration
+    from slurm_ft.registry import FtJob, registry_path
 
     job_id = environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
@@ -504,10 +505,9 @@ def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> 
     if os.path.lexists(registry_path(state, int(job_id))):
         return
     try:
-        write_registration(state, FtJob(job_id=int(job_id), ckpt_dir=ft_env.job_setting(ft_env.CKPT_DIR, environ) or "",
-                                        run_dir=str(config.run_dir), max_restarts=config.max_restarts,
-                                        user_id=os.getuid(),
-                                        no_requeue=ft_env.job_setting(ft_env.NO_REQUEUE, environ) == "1"))
+        write_registration(state, FtJob.from_settings(int(job_id), ft_env.job_settings(environ),
+                                                      run_dir=str(config.run_dir), max_restarts=config.max_restarts,
+                                                      user_id=os.getuid()))
     except OSError as exc:
         log.info("not registered with the monitor (%s)", exc)
 

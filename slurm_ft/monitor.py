@@ -52,6 +52,7 @@ from slurm_ft.classify.taxonomy import Action, Verdict
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.metrics import Metrics
+from slurm_ft.registry import FtJob, registry_path
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo, SlurmClient
 
 log = logging.getLogger("slurm_ft.monitor")
@@ -102,25 +103,10 @@ class MonitorConfig:
                 "metrics_port", f"must be within [0, 65535] (--metrics-port), got {self.metrics_port!r}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class FtJob:
-    """A job registered as --ft: where its checkpoints and run files are, and its restart budget."""
-
-    job_id: int
-    ckpt_dir: str = ""
-    run_dir: str = ""
-    max_restarts: int | None = None
-    user_id: int | None = None
-    no_requeue: bool = False  # --ft-no-requeue: the launcher restarts in place; the monitor never requeues
-
-
-# --- the job registry -----------------------------------------------------------------------------------------
-def registry_path(state_dir: Path, job_id: int) -> Path:
-    return Path(state_dir) / "jobs" / f"{int(job_id)}.json"
-
-
+# --- the job registry (FtJob, registry_path: slurm_ft.registry) ------------------------------------------------
 def write_registration(state_dir: Path, job: FtJob) -> Path:
-    """Register ``job`` (the launcher / prolog side): an atomic write of the registry file."""
+    """Register ``job`` (the launcher side; the prolog writes its entry as root, hooks._write_json): an atomic
+    write of the registry file."""
     path = registry_path(state_dir, job.job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -106,7 +106,19 @@ def test_an_ft_job_is_registered_for_the_monitor(lab: Env) -> None:
                                      SPANK_FT_MAX_RESTARTS="4")) == 0
     entry = json.loads((lab.state / "jobs" / "7.json").read_text())
     assert entry == {"job_id": 7, "ckpt_dir": "/ckpt/x", "run_dir": "/ckpt/x/.slurm-ft", "max_restarts": 4,
-                     "user_id": os.getuid()}
+                     "user_id": os.getuid(), "no_requeue": False}
+
+
+def test_the_registration_carries_no_requeue_to_the_monitor(lab: Env) -> None:
+    from slurm_ft.monitor import FtJob, read_registration
+    from slurm_ft.slurm.types import JobInfo
+
+    assert lab.run("prolog", job_env(SPANK_FT_ENABLED="1", SPANK_FT_CKPT_DIR="/ckpt/x",
+                                     SPANK_FT_NO_REQUEUE="1")) == 0  # sbatch --ft --ft-no-requeue
+    assert json.loads((lab.state / "jobs" / "7.json").read_text())["no_requeue"] is True
+    seen = read_registration(lab.state, JobInfo(job_id=7, user_id=os.getuid()))
+    assert seen == FtJob(job_id=7, ckpt_dir="/ckpt/x", run_dir="/ckpt/x/.slurm-ft", user_id=os.getuid(),
+                         no_requeue=True)
 
 
 def test_bad_node_fails_the_prolog_and_is_quarantined(lab: Env) -> None:

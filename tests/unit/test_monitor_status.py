@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from slurm_ft.cli import main
-from test_monitor import FakeClient, failed, make, register_job
+from tests.unit.test_monitor import FakeClient, failed, make, register_job
 
 
 def test_status_shows_requeued_job_and_its_action(tmp_path, capsys):

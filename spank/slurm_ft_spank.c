@@ -3,7 +3,8 @@
  *
  *   --ft                      enable slurm-ft for the job (any --ft-* option implies it)
  *   --ft-ckpt-dir=PATH        checkpoint directory (absolute path)
- *   --ft-ckpt-every=STEPS     checkpoint interval in steps (positive integer)
+ *   --ft-ckpt-every=STEPS     checkpoint interval in steps (positive integer), or "auto" (Young/Daly interval
+ *                             from the measured checkpoint cost and the observed failure rate)
  *   --ft-max-restarts=N       restart budget (non-negative integer)
  *   --ft-hang-timeout=SECS    seconds without a heartbeat before a rank counts as hung (positive integer)
  *   --ft-spare-nodes=N        nodes held back to replace a bad one (non-negative integer)
@@ -30,7 +31,7 @@ SPANK_PLUGIN(slurm_ft, 1);
 #define FT_PREFIX "slurm-ft: "
 #define FT_VALUE_MAX 4096
 
-enum ft_kind { FT_FLAG, FT_PATH, FT_POSITIVE, FT_NON_NEGATIVE };
+enum ft_kind { FT_FLAG, FT_PATH, FT_POSITIVE, FT_NON_NEGATIVE, FT_POSITIVE_OR_AUTO };
 
 struct ft_setting {
 	const char *option;   /* long option name, without "--" */
@@ -45,7 +46,8 @@ struct ft_setting {
 static const struct ft_setting ft_settings[] = {
 	{"ft", "ENABLED", FT_FLAG, 0, NULL, "Enable slurm-ft fault tolerance for this job"},
 	{"ft-ckpt-dir", "CKPT_DIR", FT_PATH, 0, "path", "slurm-ft: checkpoint directory (absolute path)"},
-	{"ft-ckpt-every", "CKPT_EVERY", FT_POSITIVE, 1000000000L, "steps", "slurm-ft: checkpoint every N steps"},
+	{"ft-ckpt-every", "CKPT_EVERY", FT_POSITIVE_OR_AUTO, 1000000000L, "steps|auto",
+	 "slurm-ft: checkpoint every N steps, or auto (from checkpoint cost and failure rate)"},
 	{"ft-max-restarts", "MAX_RESTARTS", FT_NON_NEGATIVE, 10000L, "n", "slurm-ft: restart budget"},
 	{"ft-hang-timeout", "HANG_TIMEOUT", FT_POSITIVE, 31536000L, "seconds",
 	 "slurm-ft: seconds without progress before a rank counts as hung"},
@@ -78,6 +80,16 @@ static const char *ft_check_integer(const char *text, long min, long max)
 	return NULL;
 }
 
+/* A positive integer up to max, or exactly the word "auto". */
+static const char *ft_check_steps_or_auto(const char *text, long max)
+{
+	if (text != NULL && strcmp(text, "auto") == 0)
+		return NULL;
+	if (ft_check_integer(text, 1, LONG_MAX) != NULL)
+		return "is not a positive integer or 'auto'";
+	return ft_check_integer(text, 1, max);
+}
+
 static const char *ft_check_path(const char *text)
 {
 	size_t len, i;
@@ -108,6 +120,8 @@ static const char *ft_check(int i, const char *optarg)
 		return ft_check_integer(optarg, 1, s->max);
 	case FT_NON_NEGATIVE:
 		return ft_check_integer(optarg, 0, s->max);
+	case FT_POSITIVE_OR_AUTO:
+		return ft_check_steps_or_auto(optarg, s->max);
 	}
 	return "has an unknown kind";
 }

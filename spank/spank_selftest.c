@@ -98,7 +98,14 @@ int main(void)
 	refused("ft-max-restarts", "10001", "slurm-ft: --ft-max-restarts: '10001' is too large");
 	refused("ft-hang-timeout", "0", "slurm-ft: --ft-hang-timeout: '0' is not a positive integer");
 	refused("ft-hang-timeout", "10m", "slurm-ft: --ft-hang-timeout: '10m' is not a positive integer");
-	refused("ft-ckpt-every", "", "slurm-ft: --ft-ckpt-every: '' is not a positive integer");
+	refused("ft-ckpt-every", "", "slurm-ft: --ft-ckpt-every: '' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "autox", "slurm-ft: --ft-ckpt-every: 'autox' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "AUTO", "slurm-ft: --ft-ckpt-every: 'AUTO' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "auto ", "slurm-ft: --ft-ckpt-every: 'auto ' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "0", "slurm-ft: --ft-ckpt-every: '0' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "-1", "slurm-ft: --ft-ckpt-every: '-1' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "5x", "slurm-ft: --ft-ckpt-every: '5x' is not a positive integer or 'auto'");
+	refused("ft-ckpt-every", "1000000001", "slurm-ft: --ft-ckpt-every: '1000000001' is too large");
 	refused("ft-spare-nodes", "+1", "slurm-ft: --ft-spare-nodes: '+1' is not a non-negative integer");
 	refused("ft-ckpt-dir", "relative/dir", "slurm-ft: --ft-ckpt-dir: 'relative/dir' is not an absolute path");
 	refused("ft-ckpt-dir", "/a\nb", "slurm-ft: --ft-ckpt-dir: '/a\nb' contains a control character");
@@ -113,6 +120,8 @@ int main(void)
 	accepted("ft-max-restarts", "5");
 	accepted("ft-ckpt-dir", "/shared/ckpt/run 1");
 	accepted("ft-hang-timeout", "600");
+	accepted("ft-ckpt-every", "1000000000");
+	accepted("ft-ckpt-every", "auto");
 	accepted("ft-no-requeue", NULL);
 	CHECK(ft_enabled, "--ft-* did not imply --ft");
 
@@ -121,8 +130,9 @@ int main(void)
 	CHECK(value_of("FT_MAX_RESTARTS") && strcmp(value_of("FT_MAX_RESTARTS"), "5") == 0, "FT_MAX_RESTARTS");
 	CHECK(value_of("FT_CKPT_DIR") && strcmp(value_of("FT_CKPT_DIR"), "/shared/ckpt/run 1") == 0, "FT_CKPT_DIR");
 	CHECK(value_of("FT_NO_REQUEUE") && strcmp(value_of("FT_NO_REQUEUE"), "1") == 0, "FT_NO_REQUEUE");
+	CHECK(value_of("FT_CKPT_EVERY") && strcmp(value_of("FT_CKPT_EVERY"), "auto") == 0, "FT_CKPT_EVERY");
 	CHECK(value_of("FT_SPARE_NODES") == NULL, "FT_SPARE_NODES exported though not given");
-	CHECK(n_exported == 5, "exported %d names", n_exported);
+	CHECK(n_exported == 6, "exported %d names", n_exported);
 
 	n_exported = 0;
 	CHECK(slurm_spank_user_init(NULL, 0, NULL) == 0 && n_exported == 0, "user_init exported outside remote");

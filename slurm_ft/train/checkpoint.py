@@ -9,6 +9,11 @@ Async saves block the loop only for the staging copy into host memory; a backgro
 commits. At most one save is in flight (the next save waits for it: back-pressure). Collectives of the manager
 run on two gloo groups of its own: ``ctl`` for the main thread's small agreements, ``ckpt`` for the one thread
 doing DCP I/O, so they never interleave with each other or with training collectives (any backend).
+
+``every="auto"`` picks the interval in seconds (Young/Daly, :mod:`slurm_ft.interval`) from the measured save
+cost and the observed failure rate. Rank 0 alone keeps the estimator and decides from its own clock; the
+decision rides on the one small all-reduce per step the manager already does for emergency signals, so every
+rank saves at the same step without an extra collective.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from slurm_ft import env
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
+from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.train import layout, records
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point
@@ -51,17 +57,26 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 
 LOCAL_STATE = "rank_{rank:05d}.pt"
 DATALOADER_KEY = "dataloader"
+AUTO = "auto"  # CheckpointConfig.every: Young/Daly interval from measured cost and failure rate
+AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training time before a run's first save
 
 
 class CheckpointError(SlurmFtError):
     """Checkpoints exist but none can be loaded (the message names the bad files)."""
 
 
+def _auto_interval_defaults() -> AdaptiveIntervalConfig:
+    return AdaptiveIntervalConfig(min_interval_s=AUTO_MIN_INTERVAL_S)
+
+
 @dataclasses.dataclass(slots=True, kw_only=True)
 class CheckpointConfig:
     """Where and how often to checkpoint.
 
-    every: save every N steps (--ft-ckpt-every / SLURM_FT_CKPT_EVERY); keep_last: newest committed checkpoints
+    every: save every N steps, or ``"auto"``: a Young/Daly interval in seconds from the measured save cost and
+    the observed failure rate (--ft-ckpt-every / SLURM_FT_CKPT_EVERY); auto_interval: the estimator's settings
+    in auto mode (``prior_mtbf_s`` default 6 h; ``min_interval_s`` default 10 s: the first save of a run comes
+    after that much training, so its cost is measured early); keep_last: newest committed checkpoints
     kept; keep_every: also keep every step divisible by it (0 = off); async_save: stage on the loop, write in
     the background; emergency_deadline_s: from a SIGUSR1/SIGTERM to the end of the emergency save (past it the
     process exits with 128+signal; keep it below Slurm's KillWait for SIGTERM, below N of --signal=B:USR1@N
@@ -72,7 +87,8 @@ class CheckpointConfig:
     """
 
     dir: str
-    every: int = 100
+    every: int | str = 100
+    auto_interval: AdaptiveIntervalConfig = dataclasses.field(default_factory=_auto_interval_defaults)
     keep_last: int = 3
     keep_every: int = 0
     async_save: bool = True
@@ -86,10 +102,14 @@ class CheckpointConfig:
         require(isinstance(self.dir, (str, os.PathLike)) and str(self.dir) != "", "dir",
                 f"must be a non-empty path (--ft-ckpt-dir / SLURM_FT_CKPT_DIR), got {self.dir!r}")
         self.dir = str(self.dir)
-        for name in ("every", "keep_last", "keep_every", "write_threads"):
+        require(self.auto or (isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 1),
+                "every", f"must be an integer >= 1 or {AUTO!r} (--ft-ckpt-every / SLURM_FT_CKPT_EVERY), "
+                f"got {self.every!r}")
+        require(isinstance(self.auto_interval, AdaptiveIntervalConfig), "auto_interval",
+                f"must be an AdaptiveIntervalConfig, got {type(self.auto_interval).__name__}")
+        for name in ("keep_last", "keep_every", "write_threads"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool), name, f"must be an integer, got {value!r}")
-        require(self.every >= 1, "every", f"must be >= 1 (--ft-ckpt-every / SLURM_FT_CKPT_EVERY), got {self.every}")
         require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
         require(self.keep_every >= 0, "keep_every", f"must be >= 0 (0 = off), got {self.keep_every}")
         require(self.write_threads >= 1, "write_threads", f"must be >= 1, got {self.write_threads}")
@@ -101,6 +121,11 @@ class CheckpointConfig:
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
                     f"must be > 0 seconds, got {value!r}")
 
+    @property
+    def auto(self) -> bool:
+        """Whether the interval is chosen adaptively (``every="auto"``)."""
+        return self.every == AUTO
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CheckpointConfig:
         """Build from SLURM_FT_CKPT_DIR / SLURM_FT_CKPT_EVERY (env precedence in slurm_ft.env); overrides win."""
@@ -109,11 +134,13 @@ class CheckpointConfig:
         if ckpt_dir is not None:
             values["dir"] = ckpt_dir
         every = env.job_setting(env.CKPT_EVERY, environ)
-        if every is not None:
+        if every == AUTO:
+            values["every"] = AUTO
+        elif every is not None:
             try:
                 values["every"] = int(every)
             except ValueError:
-                raise SlurmFtError(f"every: CKPT_EVERY must be an integer, got {every!r}") from None
+                raise SlurmFtError(f"every: CKPT_EVERY must be an integer or {AUTO!r}, got {every!r}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "dir" not in values:
             raise SlurmFtError("dir: no checkpoint directory (set --ft-ckpt-dir or SLURM_FT_CKPT_DIR)")
@@ -168,12 +195,19 @@ class CheckpointManager:
 
     ``dataloader_state``: anything with ``state_dict()``/``load_state_dict()`` holding the data position
     (a stateful sampler or loader); ``extra_state``: more such objects by name. Both are saved per rank.
+    ``clock``: monotonic seconds, for the auto interval's decisions and exposure (tests inject one).
+
+    In auto mode rank 0 holds the interval estimator (:class:`slurm_ft.interval.AdaptiveInterval`): it measures
+    each committed save (stall as the cost, total as the write time) and the run time as exposure, carries the
+    estimator in its local state of every checkpoint, and on resume counts one failure unless that checkpoint
+    was an emergency save (see :meth:`_restore_interval` for what this misses).
     """
 
     def __init__(self, config: CheckpointConfig, *, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, lr_scheduler: Any = None,
                  dataloader_state: Any = None, extra_state: Mapping[str, Any] | None = None,
-                 process_group: dist.ProcessGroup | None = None, storage: Storage | None = None) -> None:
+                 process_group: dist.ProcessGroup | None = None, storage: Storage | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.extra_state = {name: _stateful(f"extra_state[{name!r}]", obj)
@@ -205,6 +239,10 @@ class CheckpointManager:
         self.resumed_from = 0
         self.resumed_manifest: layout.Manifest | None = None
         self.results: list[SaveResult] = []
+        self._clock = clock
+        self._interval = AdaptiveInterval(config.auto_interval) if config.auto and self.rank == 0 else None
+        self._interval_lock = threading.Lock()  # the save thread feeds the estimator, the main thread reads it
+        self._train_since = self._running_since = clock()
 
     # ---- collectives (on the manager's own gloo groups) ----
     def _new_group(self, process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -237,10 +275,14 @@ class CheckpointManager:
         model_sd, _ = get_state_dict(self.model, [])
         return {"model": model_sd}
 
-    def _local_state(self, step: int) -> bytes:
-        state = {"step": step, "rng": _rng_state(), "world_size": self.world_size,
+    def _local_state(self, step: int, *, emergency: bool) -> bytes:
+        state = {"step": step, "rng": _rng_state(), "world_size": self.world_size, "emergency": emergency,
                  "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
                  "extra": {name: obj.state_dict() for name, obj in self.extra_state.items()}}
+        if self._interval is not None:
+            self._note_running()
+            with self._interval_lock:
+                state["interval"] = self._interval.to_dict()
         buf = io.BytesIO()
         torch.save(state, buf)
         return buf.getvalue()
@@ -248,19 +290,29 @@ class CheckpointManager:
     # ---- public API ----
     @property
     def stats(self) -> dict[str, Any]:
+        """Save counts and the last error; in auto mode also the estimator's figures (rank 0's; None on the
+        other ranks): ``interval_s`` (the Young/Daly interval now chosen: training seconds between saves, once
+        the run's first save is done), ``mtbf_s``, ``cost_s``, ``write_s``, ``failures``, ``exposure_s``."""
         done = [r for r in self.results if r is not self._inflight]
-        return {"saves": len(done), "failed": sum(not r.ok for r in done), "last_stall_s": self.last_stall_s,
-                "last_error": next((r.error for r in reversed(done) if r.error), ""),
-                "last_saved_step": self._last_saved_step}
+        stats = {"saves": len(done), "failed": sum(not r.ok for r in done), "last_stall_s": self.last_stall_s,
+                 "last_error": next((r.error for r in reversed(done) if r.error), ""),
+                 "last_saved_step": self._last_saved_step}
+        if self.config.auto:
+            stats.update(self._interval_stats())
+        return stats
 
     def maybe_save(self, step: int) -> bool:
-        """Call on every rank after every step. Saves when ``step`` is on the interval, or at once when an
-        emergency signal reached any rank (then ``exit_requested`` turns true: the trainer should exit)."""
-        if self._emergency_agreed():
+        """Call on every rank after every step. Saves when ``step`` is on the interval (every N steps; in auto
+        mode when rank 0 finds the interval has passed), or at once when an emergency signal reached any rank
+        (then ``exit_requested`` turns true: the trainer should exit)."""
+        emergency, due = self._agree()
+        if emergency:
             self._emergency_save(step)
             self.exit_requested = True
             return True
-        if step > 0 and step % self.config.every == 0 and step != self._last_saved_step:
+        if not self.config.auto:
+            due = step > 0 and step % self.config.every == 0
+        if due and step > 0 and step != self._last_saved_step:
             self.save(step)
             return True
         return False
@@ -269,29 +321,33 @@ class CheckpointManager:
         """Save ``step``; async per config unless ``blocking``. Failures are logged and recorded, not raised."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
-        blocking = (not self.config.async_save) if blocking is None else blocking
+        return self._save(step, (not self.config.async_save) if blocking is None else blocking, emergency=False)
+
+    def _save(self, step: int, blocking: bool, *, emergency: bool) -> SaveResult:
         start = time.monotonic()
         self.wait()  # back-pressure: at most one save in flight
-        result = SaveResult(step=step)
+        result = SaveResult(step=step, emergency=emergency)
         self.results.append(result)
         token = self._broadcast(uuid.uuid4().hex[:12] if self.rank == 0 else None)
         tmp = self.dir / layout.tmp_dir_name(step, token)
         state = self._state_dict()
         if not blocking:
             state = self._stager.stage(state)
-        local = self._local_state(step)
+        local = self._local_state(step, emergency=emergency)
         self._last_saved_step = step
         if blocking:
             self._write_and_commit(result, state, local, tmp, start)
             result.stall_s = time.monotonic() - start
+            self._measure(result)
         else:
             result.stall_s = time.monotonic() - start
             self._inflight = result
-            self._thread = threading.Thread(target=self._write_and_commit, name=f"slurm-ft-ckpt-{step}",
+            self._thread = threading.Thread(target=self._write_in_background, name=f"slurm-ft-ckpt-{step}",
                                             args=(result, state, local, tmp, start))
             # not a daemon: interpreter exit waits for the save instead of killing the thread inside torch
             self._thread.start()
         self.last_stall_s = result.stall_s
+        self._train_since = self._clock()
         return result
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -350,17 +406,20 @@ class CheckpointManager:
             self._watchdog.join(timeout=5.0)  # a daemon thread still alive at interpreter exit can abort it
             self._watchdog = None
 
-    def _emergency_agreed(self) -> bool:
-        """Whether any rank got an emergency signal (one gloo all-reduce per step, once handlers are installed)."""
-        if not self._signals:
-            return False
-        if not self._distributed:
-            return self._signal_received is not None
-        flag = torch.tensor([self._signal_received or 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._ctl_group)
-        if flag.item():
-            self._arm(int(flag.item()))  # a peer got it: same deadline, counted from now
-        return bool(flag.item())
+    def _agree(self) -> tuple[int, bool]:
+        """(emergency signal any rank got or 0, whether rank 0 finds a save due), the same on every rank: one
+        gloo all-reduce(MAX) per step, once signal handlers are installed and always in auto mode."""
+        if not self._signals and not self.config.auto:
+            return 0, False
+        flags = [self._signal_received or 0, int(self._save_due())]
+        if self._distributed:
+            tensor = torch.tensor(flags, dtype=torch.int32)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl_group)
+            flags = tensor.tolist()
+        signum, due = flags
+        if signum:
+            self._arm(signum)  # a peer got it: same deadline, counted from now
+        return signum, bool(due)
 
     def _emergency_save(self, step: int) -> None:
         left = self._deadline_at - time.monotonic()
@@ -371,8 +430,7 @@ class CheckpointManager:
             log.warning("emergency: step %d already committed", step)
             self._disarm_watchdog()
             return
-        result = self.save(step, blocking=False)
-        result.emergency = True
+        result = self._save(step, blocking=False, emergency=True)
         if not self.wait(timeout=max(0.0, self._deadline_at - time.monotonic())):
             result.error = f"not finished within the {self.config.emergency_deadline_s}s emergency deadline"
             log.error("emergency save at step %d %s", step, result.error)
@@ -380,7 +438,70 @@ class CheckpointManager:
         self._disarm_watchdog()
         log.warning("emergency save at step %d: %s", step, "committed" if result.ok else f"FAILED: {result.error}")
 
+    # ---- auto interval (the estimator lives on rank 0) ----
+    def _threshold_s(self) -> float:
+        """Training seconds from the end of one save's stall to the next save: ``min_interval_s`` before the
+        run's first save (so its cost is measured early), then the estimator's Young/Daly interval."""
+        if not self.results:
+            return self.config.auto_interval.min_interval_s
+        with self._interval_lock:
+            return self._interval.interval_s()
+
+    def _save_due(self) -> bool:
+        return self._interval is not None and self._clock() - self._train_since >= self._threshold_s()
+
+    def _note_running(self) -> None:
+        """Add the run time since the last note to the estimator's exposure."""
+        now = self._clock()
+        with self._interval_lock:
+            self._interval.observe_running(max(0.0, now - self._running_since))
+        self._running_since = now
+
+    def _measure(self, result: SaveResult) -> None:
+        """Feed a committed save to the estimator: its stall is what training lost, its total the write time."""
+        if self._interval is not None and result.ok:
+            with self._interval_lock:
+                self._interval.observe_checkpoint(result.stall_s, write_s=result.total_s)
+
+    def _interval_stats(self) -> dict[str, Any]:
+        if self._interval is None:
+            return dict.fromkeys(("interval_s", "mtbf_s", "cost_s", "write_s", "failures", "exposure_s"))
+        self._note_running()
+        with self._interval_lock:
+            est = self._interval
+            return {"interval_s": est.interval_s(), "mtbf_s": est.mtbf_s, "cost_s": est.cost_s,
+                    "write_s": est.write_s, "failures": est.failures, "exposure_s": est.exposure_s}
+
+    def _restore_interval(self, local: Mapping[str, Any]) -> None:
+        """Take the estimator from the resumed checkpoint's local state and count this restart as one failure,
+        unless that checkpoint was an emergency save (preemption, time limit: not a failure).
+
+        What this cannot see: the run time between that checkpoint and the crash is lost (exposure is only
+        known up to the save), which underestimates the MTBF, a conservative bias towards shorter intervals;
+        and several crashes before the next checkpoint count as one failure (the next save comes
+        ``min_interval_s`` into each run, which keeps that window short). A checkpoint without the estimator
+        (an older or non-auto run) starts a fresh one; one without the emergency mark counts as a failure.
+        """
+        if self._interval is None:
+            return
+        est = AdaptiveInterval(self.config.auto_interval)
+        saved = local.get("interval")
+        if saved is not None:
+            try:
+                est = AdaptiveInterval.from_dict(saved, self.config.auto_interval)
+            except ValueError as exc:
+                log.warning("checkpoint interval state unusable, starting afresh: %s", exc)
+        if not local.get("emergency", False):
+            est.observe_failure()
+        with self._interval_lock:
+            self._interval = est
+
     # ---- save internals ----
+    def _write_in_background(self, result: SaveResult, state: dict[str, Any], local: bytes, tmp: Path,
+                             start: float) -> None:
+        self._write_and_commit(result, state, local, tmp, start)
+        self._measure(result)
+
     def _write_and_commit(self, result: SaveResult, state: dict[str, Any], local: bytes, tmp: Path,
                           start: float) -> None:
         try:
@@ -467,6 +588,7 @@ class CheckpointManager:
                 continue
             manifest = self._load(step)
             self._last_saved_step, self.resumed_from, self.resumed_manifest = step, step, manifest
+            self._train_since = self._running_since = self._clock()  # loading was neither training nor exposure
             log.info("resumed from step %d (saved on %d ranks, now %d): %s", step, manifest.world_size,
                      self.world_size, manifest.path)
             return step
@@ -518,6 +640,7 @@ class CheckpointManager:
         for name, obj in self.extra_state.items():
             if name in local["extra"]:
                 obj.load_state_dict(local["extra"][name])
+        self._restore_interval(local)
         if same_world:
             _set_rng_state(local["rng"])
         else:

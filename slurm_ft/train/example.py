@@ -34,9 +34,10 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_ft import env
+from slurm_ft.interval import AdaptiveIntervalConfig
 from slurm_ft.slurm.parsers import expand_hostlist
 from slurm_ft.train import records, topology
-from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurm_ft.train.checkpoint import AUTO, AUTO_MIN_INTERVAL_S, CheckpointConfig, CheckpointManager
 from slurm_ft.train.errors import StepTracker, record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
 
@@ -57,11 +58,26 @@ def _rank_step(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected RANK:STEP, got {text!r}") from None
 
 
+def _ckpt_every(text: str) -> int | str:
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps or {AUTO!r}, got {text!r}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slurm_ft.train.example", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--ckpt-dir", default=env.job_setting(env.CKPT_DIR))
-    p.add_argument("--ckpt-every", type=int, default=int(env.job_setting(env.CKPT_EVERY) or 10))
+    p.add_argument("--ckpt-every", type=_ckpt_every, default=env.job_setting(env.CKPT_EVERY) or "10",
+                   metavar="N|auto", help="save every N steps, or auto: a Young/Daly interval from the measured "
+                                          "save cost and the failure rate")
+    p.add_argument("--ckpt-min-interval", type=float, default=AUTO_MIN_INTERVAL_S, metavar="SECONDS",
+                   help="auto: shortest interval, and the training time before a run's first save")
+    p.add_argument("--mtbf-prior", type=float, default=AdaptiveIntervalConfig().prior_mtbf_s, metavar="SECONDS",
+                   help="auto: mean time between failures assumed before any is seen")
     p.add_argument("--keep-last", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small", help="hidden width preset")
@@ -85,8 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.hidden = MODEL_SIZES[args.model_size] if args.hidden is None else args.hidden
     if args.steps < 0 or args.hidden < 1:
         p.error(f"--steps must be >= 0 and --hidden >= 1, got {args.steps} and {args.hidden}")
-    if args.ckpt_every < 1:
-        p.error(f"--ckpt-every must be >= 1, got {args.ckpt_every}")
+    if args.ckpt_every != AUTO and args.ckpt_every < 1:
+        p.error(f"--ckpt-every must be >= 1 or auto, got {args.ckpt_every}")
+    try:
+        args.auto_interval = AdaptiveIntervalConfig(min_interval_s=args.ckpt_min_interval,
+                                                    prior_mtbf_s=args.mtbf_prior)
+    except ValueError as exc:
+        p.error(f"--ckpt-min-interval / --mtbf-prior: {exc}")
     if args.batch_per_rank is not None and args.batch_per_rank < 1:
         p.error(f"--batch-per-rank must be >= 1, got {args.batch_per_rank}")
     if args.pg_timeout is not None and not args.pg_timeout > 0:
@@ -202,8 +223,9 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     data = SyntheticData(args.seed, rank, world, device,
                          global_batch=args.batch_per_rank * world if args.batch_per_rank else BATCH)
     timeouts = {"collective_timeout_s": args.pg_timeout} if args.pg_timeout else {}
-    config = CheckpointConfig(dir=args.ckpt_dir, every=args.ckpt_every, keep_last=args.keep_last,
-                              async_save=not args.sync, emergency_deadline_s=args.emergency_deadline, **timeouts)
+    config = CheckpointConfig(dir=args.ckpt_dir, every=args.ckpt_every, auto_interval=args.auto_interval,
+                              keep_last=args.keep_last, async_save=not args.sync,
+                              emergency_deadline_s=args.emergency_deadline, **timeouts)
     mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()
     heart = HeartbeatWriter(run_dir, rank)

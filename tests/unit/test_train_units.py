@@ -55,6 +55,53 @@ def test_checkpoint_config_from_env_precedence():
         CheckpointConfig.from_env({})
 
 
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"every": "Auto"}, "every"), ({"every": "autox"}, "every"), ({"every": -1}, "every"), ({"every": True}, "every"),
+    ({"every": 2.0}, "every"), ({"every": "auto", "auto_interval": {"min_interval_s": 5}}, "auto_interval"),
+])
+def test_checkpoint_config_auto_names_bad_field(kwargs, field):
+    from slurm_ft.train.checkpoint import CheckpointConfig
+    with pytest.raises(ValueError, match=f"^{field}: .*'auto'" if field == "every" else f"^{field}: "):
+        CheckpointConfig(dir="/x", **kwargs)
+
+
+def test_checkpoint_config_auto_and_its_defaults():
+    from slurm_ft.interval import AdaptiveIntervalConfig
+    from slurm_ft.train.checkpoint import CheckpointConfig
+    cfg = CheckpointConfig(dir="/x", every="auto")
+    assert cfg.auto and (cfg.auto_interval.min_interval_s, cfg.auto_interval.prior_mtbf_s) == (10.0, 6 * 3600.0)
+    assert not CheckpointConfig(dir="/x", every=5).auto
+    mine = AdaptiveIntervalConfig(min_interval_s=2.0, prior_mtbf_s=60.0)
+    assert CheckpointConfig(dir="/x", every="auto", auto_interval=mine).auto_interval is mine
+    with pytest.raises(ValueError, match="^min_interval_s: "):  # the estimator's own config names its field
+        AdaptiveIntervalConfig(min_interval_s=0)
+
+
+def test_checkpoint_config_from_env_auto():
+    from slurm_ft.train.checkpoint import CheckpointConfig
+    assert CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft", "SLURM_FT_CKPT_EVERY": "auto"}).auto
+    assert CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft", "SPANK_FT_CKPT_EVERY": "auto"}).every == "auto"
+    assert CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft", "SLURM_FT_CKPT_EVERY": "auto"}, every=4).every == 4
+    with pytest.raises(SlurmFtError, match="^every: .*'autox'"):
+        CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft", "SLURM_FT_CKPT_EVERY": "autox"})
+
+
+def test_example_ckpt_every_auto_flags(monkeypatch):
+    from slurm_ft.train import example
+    args = example.parse_args(["--steps", "3", "--ckpt-dir", "/x", "--ckpt-every", "auto", "--ckpt-min-interval",
+                               "2.5", "--mtbf-prior", "600"])
+    assert args.ckpt_every == "auto"
+    assert (args.auto_interval.min_interval_s, args.auto_interval.prior_mtbf_s) == (2.5, 600.0)
+    assert example.parse_args(["--steps", "3", "--ckpt-dir", "/x", "--ckpt-every", "7"]).ckpt_every == 7
+    monkeypatch.setenv("SLURM_FT_CKPT_EVERY", "auto")
+    assert example.parse_args(["--steps", "3", "--ckpt-dir", "/x"]).ckpt_every == "auto"
+    monkeypatch.delenv("SLURM_FT_CKPT_EVERY")
+    for bad in (["--ckpt-every", "autox"], ["--ckpt-every", "0"], ["--ckpt-min-interval", "0"],
+                ["--mtbf-prior", "-1"]):
+        with pytest.raises(SystemExit):
+            example.parse_args(["--steps", "3", "--ckpt-dir", "/x", *bad])
+
+
 def test_heartbeat_writes_record_and_respects_interval(tmp_path):
     now = [100.0]
     writer = HeartbeatWriter(tmp_path, 3, interval_s=5.0, clock=lambda: now[0])

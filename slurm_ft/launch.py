@@ -61,7 +61,8 @@ class Outcome(str, enum.Enum):
 class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
     ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: in-place
-    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``probe_timeout_s``
+    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
+    (a rank wrote its error file: how long srun may take to end the step by itself), ``probe_timeout_s``
     (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait)."""
 
     command: tuple[str, ...]
@@ -74,6 +75,7 @@ class LaunchConfig:
     run_dir: Path = Path(".slurm-ft")
     poll_s: float = 1.0
     kill_grace_s: float = 10.0
+    error_grace_s: float = 3.0
     probe_timeout_s: float = 10.0
     node_fail_wait_s: float = 60.0
 
@@ -92,6 +94,7 @@ class LaunchConfig:
                 f"must be an integer >= 0 (--spare-nodes), got {self.spare_nodes!r}")
         require(self.poll_s > 0, "poll_s", f"must be > 0, got {self.poll_s!r}")
         require(self.kill_grace_s >= 0, "kill_grace_s", f"must be >= 0, got {self.kill_grace_s!r}")
+        require(self.error_grace_s >= 0, "error_grace_s", f"must be >= 0, got {self.error_grace_s!r}")
         require(self.probe_timeout_s >= 0, "probe_timeout_s",
                 f"must be >= 0 (--probe-timeout), got {self.probe_timeout_s!r}")
         require(self.node_fail_wait_s >= 0, "node_fail_wait_s",
@@ -329,6 +332,7 @@ class Launcher:
         watch = HangWatch(len(chosen) * cfg.ntasks_per_node, started, timeout_s=cfg.hang_timeout_s,
                           grace_s=cfg.startup_grace_s)
         first_step_logged = False
+        failed_since: float | None = None
         while True:
             code = proc.poll()
             if code is not None:
@@ -346,6 +350,12 @@ class Launcher:
                 self._kill(proc)
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
                                      hung_ranks=tuple(stuck))
+            failed_since = failed_since or (now if self._rank_failed() else None)
+            if failed_since is not None and now - failed_since >= cfg.error_grace_s:
+                # srun waits for every task; one on a dead node never reports back. The ranks that could
+                # write have already failed: nothing is left to save, so no long grace either.
+                self._kill(proc, grace_s=min(cfg.kill_grace_s, cfg.error_grace_s))
+                return AttemptResult(outcome=Outcome.FAILED, exit_code=1, time=failed_since)
             self.sleep(cfg.poll_s)
 
     def _committed(self) -> int | None:
@@ -354,9 +364,13 @@ class Launcher:
 
         return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
-    def _kill(self, proc: Process) -> None:
+    def _rank_failed(self) -> bool:
+        """A rank of this attempt wrote its error file (earlier attempts' files were archived)."""
+        return any(p.is_file() for p in self.config.run_dir.glob(ERROR_GLOB))
+
+    def _kill(self, proc: Process, grace_s: float | None = None) -> None:
         proc.terminate()
-        deadline = self.clock() + self.config.kill_grace_s
+        deadline = self.clock() + (self.config.kill_grace_s if grace_s is None else grace_s)
         while proc.poll() is None and self.clock() < deadline:
             self.sleep(min(self.config.poll_s, 0.2))
         if proc.poll() is None:

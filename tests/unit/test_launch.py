@@ -120,6 +120,35 @@ def test_hang_detected_within_timeout_and_killed_then_restarted(tmp_path):
     assert (run / "attempt-1" / "heartbeat.rank0.json").exists()  # evidence kept aside
 
 
+class StuckAfterError(Script):
+    """A rank fails at poll ``at`` (its error file), but srun never returns: a task on a dead node."""
+
+    def __init__(self, run_dir, *, at: int) -> None:
+        super().__init__(run_dir, hang_after=10**6)
+        self.at = at
+
+    def poll(self):
+        code = super().poll()
+        if self.polls == self.at and not self.killed:
+            write_error(self.run_dir, ErrorRecord(rank=0, time=float(self.polls), exc_type="RuntimeError",
+                                                  message="Connection reset by peer", step=self.polls))
+        return code
+
+
+def test_a_rank_error_ends_an_attempt_whose_srun_never_returns(tmp_path):
+    run = tmp_path / "run"
+    stuck = StuckAfterError(run, at=3)
+    launcher, runner, clock = make(tmp_path, [stuck, Script(run)], hang_timeout_s=60.0, error_grace_s=2.0)
+    assert launcher.run() == 0
+    assert stuck.terminated and stuck.killed
+    fault = next(e for e in events(tmp_path) if e["event"] == "fault_detected")
+    assert fault["kind"] == "failed" and fault["exit_code"] == 1
+    # the error file appeared on the 3rd poll (t=1002); the step was ended 2 s later, not after the hang timeout
+    assert fault["time"] == pytest.approx(1002.0)
+    assert len(runner.calls) == 2 and (run / "attempt-1" / "error.rank0.json").exists()
+    assert clock.now < 1002.0 + 2.0 + 3.0 + 10.0  # grace + kill grace + the second attempt's polls
+
+
 def test_failure_on_healthy_nodes_restarts_in_place(tmp_path):
     run = tmp_path / "run"
     states = [{"n1": NodeInfo(name="n1", state=frozenset({"ALLOCATED"})),

@@ -198,3 +198,46 @@ def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:
         raise LookupError(f"no running rank {rank} in job {job_id}")
     os.kill(pid, sig)
     return pid
+
+
+TRAINER_MODULE = "slurm_ft.train.example"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankProcess:
+    """One training process of a job: its global rank, pid and node."""
+
+    rank: int
+    pid: int
+    node: str
+
+
+def is_trainer(argv: tuple[str, ...], module: str = TRAINER_MODULE) -> bool:
+    """Whether ``argv`` is a Python process running ``module`` itself (not srun, torchrun or slurm-ft launch
+    carrying it as an argument)."""
+    if not argv or not Path(argv[0]).name.startswith("python"):
+        return False
+    first = next((argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "-m"), None)
+    return first == module
+
+
+def training_processes(lab, job_id: int, module: str = TRAINER_MODULE) -> list[RankProcess]:
+    """The live training processes of job ``job_id``, whoever started them (srun, torchrun's agent). The rank
+    is ``RANK`` (torchrun) or else ``SLURM_PROCID``."""
+    from slurm_ft.lab import procs
+
+    found = []
+    for pid, env in _job_processes(lab, SLURM_JOB_ID=str(job_id)):
+        rank = env.get("RANK") or env.get("SLURM_PROCID", "")
+        if rank.isdigit() and is_trainer(procs.cmdline(pid), module) and alive(pid):
+            found.append(RankProcess(rank=int(rank), pid=pid, node=env.get("SLURMD_NODENAME", "")))
+    return sorted(found, key=lambda p: (p.rank, p.pid))
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2:][:1] != "Z"

@@ -91,6 +91,7 @@ class AdaptiveInterval:
         self.config = config or AdaptiveIntervalConfig()
         self.cost_s = self.config.initial_cost_s
         self.write_s = 0.0
+        self.checkpoints = 0  # saves measured; the first replaces ``initial_cost_s`` (a guess, not evidence)
         self.failures = 0
         self.exposure_s = 0.0
         self._running_since: float | None = None
@@ -99,7 +100,8 @@ class AdaptiveInterval:
         """One save: ``cost_s`` the training lost to it (stall), ``write_s`` how long it was in flight."""
         require(_finite(cost_s) and cost_s >= 0, "cost_s", f"must be a finite number >= 0, got {cost_s!r}")
         a = self.config.smoothing
-        self.cost_s = a * max(cost_s, 1e-6) + (1 - a) * self.cost_s
+        self.cost_s = max(cost_s, 1e-6) if self.checkpoints == 0 else a * max(cost_s, 1e-6) + (1 - a) * self.cost_s
+        self.checkpoints += 1
         if write_s is not None:
             require(_finite(write_s) and write_s >= 0, "write_s", f"must be a finite number >= 0, got {write_s!r}")
             self.write_s = write_s if self.write_s == 0 else a * write_s + (1 - a) * self.write_s
@@ -141,7 +143,7 @@ class AdaptiveInterval:
     def to_dict(self) -> dict[str, float]:
         """The learned state (not the config), for carrying across restarts."""
         return {"cost_s": self.cost_s, "write_s": self.write_s, "failures": self.failures,
-                "exposure_s": self.exposure_s}
+                "exposure_s": self.exposure_s, "checkpoints": self.checkpoints}
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any], config: AdaptiveIntervalConfig | None = None) -> "AdaptiveInterval":
@@ -150,9 +152,10 @@ class AdaptiveInterval:
             value = state.get(key, getattr(est, key))
             require(_finite(value) and value >= 0, key, f"must be a finite number >= 0, got {value!r}")
             setattr(est, key, float(value))
-        failures = state.get("failures", 0)
-        require(isinstance(failures, int) and not isinstance(failures, bool) and failures >= 0, "failures",
-                f"must be an integer >= 0, got {failures!r}")
-        est.failures = failures
+        for key, default in (("failures", 0), ("checkpoints", 1 if "cost_s" in state else 0)):
+            count = state.get(key, default)
+            require(isinstance(count, int) and not isinstance(count, bool) and count >= 0, key,
+                    f"must be an integer >= 0, got {count!r}")
+            setattr(est, key, count)
         est.cost_s = max(est.cost_s, 1e-6)
         return est

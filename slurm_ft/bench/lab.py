@@ -13,7 +13,7 @@ systems (:mod:`slurm_ft.bench.lab_jobs`): slurm-ft, ``slurm --requeue`` and ``to
    the faulted attempt gone), recovery (fault -> first step of the next attempt), steps and seconds of work
    lost, and whether the final parameters equal the fault-free run's.
 3. ``ettr``: the three systems side by side, at the same time, each under a fault every ``fault_every_s`` of
-   wall time (the faults in turn): ETTR (productive step time over wall time) with where the rest went, and the
+   wall time (the faults in turn; one due while the job is down hits nothing and is skipped): ETTR (productive step time over wall time) with where the rest went, and the
    checkpoint interval slurm-ft chose (``--ft-ckpt-every=auto``). The baselines checkpoint synchronously at the
    Young/Daly interval for their measured cost and the true fault rate: their best case.
 
@@ -137,6 +137,7 @@ class Run:
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     result: dict[str, Any] | None = None
     timed_out: bool = False
+    skipped: int = 0  # scheduled faults that came while the job was down (ETTR phase)
 
     @property
     def done(self) -> bool:
@@ -452,11 +453,16 @@ def run_ettr(bench: Bench, stall_s: dict[str, float | None]) -> list[dict[str, A
 
     def inject(run: Run) -> None:
         first = run.first_step_time()
-        if first is None or not run.stepping():
+        if first is None:
             return
-        due = first + period / 2 + len(run.faults) * period
-        if time.time() >= due:
-            bench.inject(run, kinds[len(run.faults) % len(kinds)])
+        due = first + period / 2 + (len(run.faults) + run.skipped) * period
+        if time.time() < due:
+            return
+        if run.stepping():
+            bench.inject(run, kinds[(len(run.faults) + run.skipped) % len(kinds)])
+        else:  # the fault's time came while the job was down: it hit nothing of this job
+            run.skipped += 1
+            bench.say(f"{run.spec.name}: fault at {due - first:.0f} s skipped: the job was not running")
 
     budget = cfg.ettr_minutes * 60 * 4 + cfg.run_timeout_s
     bench.drive(runs, inject, timeout_s=budget)
@@ -476,7 +482,8 @@ def ettr_row(run: Run, baseline_every: int) -> dict[str, Any]:
     launches = [r["t"] for r in records if r["ev"] == "launch"]
     ends = [r["t"] for r in records if r["ev"] == "end"]
     row: dict[str, Any] = {"system": run.spec.system.value, "nodes": run.spec.nodes, "job_id": run.job_id,
-                           "faults": [f.kind for f in run.faults], "requeues": run.restarts,
+                           "faults": [f.kind for f in run.faults], "faults_skipped": run.skipped,
+                           "requeues": run.restarts,
                            "completed": bool(ends) and run.state is JobState.COMPLETED}
     if not launches or not ends:
         return {**row, "ettr": None}

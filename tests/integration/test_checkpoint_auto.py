@@ -57,9 +57,9 @@ def test_first_save_after_min_interval_then_the_daly_interval(tmp_path):
     mgr.close()
     assert saved[0] == 10  # min_interval_s of training: the cost gets measured early
     interval, cost = after_first["interval_s"], after_first["cost_s"]
-    assert 30 < interval < 400 and interval == pytest.approx(math.sqrt(2 * cost * (3600 + 10)), rel=0.05)
+    assert 10 <= interval < 400 and interval == pytest.approx(math.sqrt(2 * cost * (3600 + 10)), rel=0.05)
     assert saved[1] == 10 + math.ceil(interval)
-    assert layout.committed_steps(tmp_path) == saved
+    assert layout.committed_steps(tmp_path) == saved[-10:]  # keep_last=10
 
 
 def test_resume_counts_a_failure_but_not_after_an_emergency_save(tmp_path):

@@ -74,9 +74,11 @@ def test_timestamped_failures_count_only_run_time_as_exposure():
 
 def test_cost_is_an_ewma_and_the_interval_follows_it():
     est = AdaptiveInterval(AdaptiveIntervalConfig(initial_cost_s=10, smoothing=0.5, min_interval_s=1))
-    est.observe_checkpoint(2.0)
-    assert est.cost_s == pytest.approx(6.0)
-    assert est.interval_s() == pytest.approx(young_daly_interval(6.0, est.mtbf_s))
+    est.observe_checkpoint(2.0)  # the first measurement replaces the initial guess
+    assert est.cost_s == pytest.approx(2.0)
+    est.observe_checkpoint(4.0)
+    assert est.cost_s == pytest.approx(3.0)
+    assert est.interval_s() == pytest.approx(young_daly_interval(3.0, est.mtbf_s))
     before = est.interval_s()
     for _ in range(30):
         est.observe_checkpoint(0.5)
@@ -120,6 +122,9 @@ def test_state_round_trips_and_bad_state_names_the_key():
     assert again.interval_s() == est.interval_s()
     with pytest.raises(ConfigError, match="failures"):
         AdaptiveInterval.from_dict({"failures": -1})
+    with pytest.raises(ConfigError, match="checkpoints"):
+        AdaptiveInterval.from_dict({"checkpoints": 1.5})
+    assert AdaptiveInterval.from_dict({"cost_s": 2.0}).checkpoints == 1  # older state: a measured cost
     with pytest.raises(ConfigError, match="exposure_s"):
         AdaptiveInterval.from_dict({"exposure_s": "a lot"})
 

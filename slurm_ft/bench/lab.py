@@ -491,9 +491,24 @@ def ettr_row(run: Run, baseline_every: int) -> dict[str, Any]:
     result = ettr(tl.step_records(records), launches[0], ends[-1], spans)
     stats = (run.result or {}).get("checkpoint") or {}
     interval = stats.get("interval_s") if run.spec.system is System.SLURM_FT else None
+    gaps = save_gaps(records)
     return {**row, **result.to_dict(), "lost_s": result.wall_s - result.productive_s,
             "interval_s": interval, "interval_steps": None if interval else baseline_every,
-            "step_s": run.spec.workload.step_time_s, "final_mtbf_s": stats.get("mtbf_s")}
+            "step_s": run.spec.workload.step_time_s, "final_mtbf_s": stats.get("mtbf_s"),
+            "save_gap_first_s": gaps[0] if gaps else None, "save_gap_last_s": gaps[-1] if gaps else None}
+
+
+def save_gaps(records: Sequence[dict[str, Any]]) -> list[float]:
+    """Seconds between the starts of consecutive saves of the same attempt: the interval as it was lived."""
+    gaps, last = [], None
+    for rec in records:
+        if rec["ev"] == "start":
+            last = None
+        elif rec["ev"] == "save":
+            if last is not None:
+                gaps.append(round(rec["t0"] - last, 3))
+            last = rec["t0"]
+    return gaps
 
 
 def _fault_spans(run: Run) -> Iterable[Span]:
@@ -577,11 +592,19 @@ def render(payload: dict[str, Any]) -> str:
             Column("lost s", ".0f"): "lost_s", "faults": lambda r: len(r["faults"]), "requeues": "requeues",
             **{Column(k.replace("checkpoint_", "ckpt_"), ".0f"): (lambda r, k=k: (r.get("overhead_s") or {}).get(k))
                for k in ("checkpoint_stall", "rework", "detection", "recovery", "queue_wait", "other")},
-            "interval": lambda r: (f"{r['interval_s']:.1f} s (auto)" if r.get("interval_s")
-                                   else f"{r['interval_steps']} steps" if r.get("interval_steps") else "-")}), ""]
+            "checkpoint interval": _interval_cell}), ""]
     for check in payload.get("targets", []):
         parts.append(f"{'met    ' if check['met'] else 'NOT met'}  {check['target']}: {check['value']}")
     return "\n".join(parts)
+
+
+def _interval_cell(row: dict[str, Any]) -> str:
+    """slurm-ft: the gap between saves at the start and at the end (auto); a baseline: its fixed interval."""
+    if row.get("interval_s"):
+        first, last = row.get("save_gap_first_s"), row.get("save_gap_last_s")
+        lived = f"{first:.1f} s -> {last:.1f} s, " if first is not None and last is not None else ""
+        return f"auto: {lived}now {row['interval_s']:.1f} s"
+    return f"every {row['interval_steps']} steps" if row.get("interval_steps") else "-"
 
 
 def _ms(value: float | None) -> float | None:
@@ -690,7 +713,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.2, help="seconds of sleep per step (default 0.2)")
     p.add_argument("--ckpt-every", type=int, default=10, help="steps between saves, every system (default 10)")
     p.add_argument("--fault-step", type=int, default=16, help="inject once the first attempt passed it (16)")
-    p.add_argument("--hang-timeout", type=float, default=10.0, help="slurm-ft's --ft-hang-timeout (default 10)")
+    p.add_argument("--hang-timeout", type=float, default=5.0,
+                   help="slurm-ft's --ft-hang-timeout (default 5: ten steps of the ETTR run)")
+    p.add_argument("--mtbf-prior", type=float, default=3600.0,
+                   help="slurm-ft's prior MTBF for --ft-ckpt-every=auto in the ETTR run (default 3600: a site's "
+                        "rough guess, 12x the fault rate it then meets)")
     p.add_argument("--collective-timeout", type=float, default=60.0,
                    help="seconds a collective waits for a stuck peer, every system (default 60; NCCL's is 600)")
     p.add_argument("--ettr-minutes", type=float, help="fault-free length of the ETTR run (default 15)")
@@ -714,7 +741,7 @@ def config_from_args(args: argparse.Namespace) -> LabBenchConfig:
             dir=workdir.absolute(), out=args.out, phases=_split(args.phases), faults=_split(args.faults),
             nodes=tuple(args.nodes or quick.get("nodes", (1, 2, 4, 8))),
             models=tuple(args.models or quick.get("models", ("medium", "large"))), workload=workload,
-            knobs=SlurmFtKnobs(hang_timeout_s=args.hang_timeout, min_interval_s=2.0),
+            knobs=SlurmFtKnobs(hang_timeout_s=args.hang_timeout, min_interval_s=2.0, mtbf_prior_s=args.mtbf_prior),
             fault_step=args.fault_step, ettr_nodes=args.ettr_nodes, ettr_step_time_s=args.ettr_step_time,
             ettr_minutes=args.ettr_minutes or quick.get("ettr_minutes", 15.0),
             fault_every_s=args.fault_every or quick.get("fault_every_s", 300.0), keep_lab=args.keep_lab)

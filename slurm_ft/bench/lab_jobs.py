@@ -77,6 +77,15 @@ class SlurmFtKnobs:
     min_interval_s: float | None = None
     mtbf_prior_s: float | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("hang_timeout_s", "startup_grace_s", "probe_timeout_s", "node_fail_wait_s",
+                     "min_interval_s", "mtbf_prior_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: must be > 0, got {value!r}")
+        if self.spare_nodes < 0 or self.max_restarts < 0:
+            raise ValueError(f"spare_nodes, max_restarts: must be >= 0, got {self.spare_nodes}, {self.max_restarts}")
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:

@@ -199,3 +199,16 @@ def test_quick_shrinks_the_run_and_flags_win_over_it():
     quick = lab.config_from_args(lab.parse_args(["--quick", "--dir", "/tmp/q"]))
     assert quick.nodes == (1, 2) and quick.models == ("medium",) and quick.fault_every_s == 60.0
     assert lab.config_from_args(lab.parse_args(["--quick", "--nodes", "4", "--dir", "/tmp/q"])).nodes == (4,)
+
+
+def test_save_gaps_are_measured_within_an_attempt():
+    records = [{"ev": "start", "t": 0.0}, {"ev": "save", "t0": 10.0, "t1": 10.1}, {"ev": "save", "t0": 25.0, "t1": 25.1},
+               {"ev": "start", "t": 40.0}, {"ev": "save", "t0": 50.0, "t1": 50.1},
+               {"ev": "save", "t0": 56.5, "t1": 56.6}]
+    assert lab.save_gaps(records) == [15.0, 6.5]  # not 25 -> 50 across the restart
+
+
+@pytest.mark.parametrize("flag, value", [("--mtbf-prior", "0"), ("--hang-timeout", "-1")])
+def test_a_bad_knob_is_one_error_naming_it(flag, value):
+    with pytest.raises(SlurmFtError, match=r"bench lab: (mtbf_prior_s|hang_timeout_s): must be > 0"):
+        lab.config_from_args(lab.parse_args([flag, value, "--dir", "/tmp/q"]))

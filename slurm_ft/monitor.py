@@ -323,6 +323,13 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
                     resume_step=resume_step, exclude=exclude)
 
 
+def launcher_lost(job: JobInfo) -> bool:
+    """A running job whose batch host is no longer among its nodes: Slurm removed the failed node from a
+    ``--no-kill`` job, and the batch script (slurm-ft's launcher) with it."""
+    return job.state is JobState.RUNNING and bool(job.batch_host) and bool(job.nodes) \
+        and job.batch_host not in job.nodes
+
+
 def requeue_comment(restart: int, resume_step: int | None, category: str) -> str:
     step = "none" if resume_step is None else str(resume_step)
     return f"{COMMENT_TAG} restart={restart} resume_step={step} cause={category}"
@@ -424,12 +431,14 @@ class Monitor:
         if not job.state.finished:
             if job.state is JobState.RUNNING:
                 self._lost_nodes(job, row, nodes)
+                if launcher_lost(job) and not self._acted(job):
+                    return self._orphaned(job, ft, nodes, row)
             self._watching(job, row)
             return 0
         if row is not None and row["status"] in (JobStatus.STOPPED.value, JobStatus.DONE.value) \
                 and row["restart_count"] == job.restart_count:
             return 0
-        if any(self.db.action(job.job_id, job.restart_count, a) is not None for a in ("requeue", "stop")):
+        if self._acted(job):
             return 0
         if job.state is JobState.NODE_FAIL and job.requeue:  # Slurm requeues it (JobRequeue=1): adopted then
             return 0
@@ -438,6 +447,19 @@ class Monitor:
             self._event("job_completed", job_id=job.job_id, restart_count=job.restart_count)
             return 0
         return self._judge(job, ft, nodes, row)
+
+    def _acted(self, job: JobInfo) -> bool:
+        """Whether this run of the job (its restart count) was already requeued or stopped by us."""
+        return any(self.db.action(job.job_id, job.restart_count, a) is not None for a in ("requeue", "stop"))
+
+    def _orphaned(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None) -> int:
+        """A ``--no-kill`` job whose batch host died: Slurm drops the node and keeps the job RUNNING, but the
+        launcher died with the node and nothing will start the ranks again. Judged as a node failure of that
+        host (requeued without it, or stopped and cancelled) rather than left idle until its time limit."""
+        self._event("launcher_lost", job_id=job.job_id, restart_count=job.restart_count,
+                    batch_host=job.batch_host, nodes=list(job.nodes))
+        failed = dataclasses.replace(job, state=JobState.NODE_FAIL, nodes=(job.batch_host, *job.nodes))
+        return self._judge(failed, ft, nodes, row, cancel_on_stop=True)
 
     def _requeued_by_slurm(self, job: JobInfo, row: sqlite3.Row | None) -> bool:
         """Slurm itself requeued the job (JobRequeue=1 after a node failure): pending at a higher restart count
@@ -497,7 +519,8 @@ class Monitor:
                 self.db.set_job(job.job_id, restart_count=row["restart_count"], status=JobStatus(row["status"]),
                                 now=now, nodes=list(dict.fromkeys([*recorded, *job.nodes])))
 
-    def _judge(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None) -> int:
+    def _judge(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row | None, *,
+               cancel_on_stop: bool = False) -> int:
         if row is not None:  # a job run with --no-kill loses a dead node from its list: judge on all it had
             job = dataclasses.replace(job, nodes=tuple(dict.fromkeys([*json.loads(row["nodes"] or "[]"), *job.nodes])))
         evidence = gather_evidence(self.config.state_dir, job, ft, nodes)
@@ -517,7 +540,7 @@ class Monitor:
             self._strike(job, verdict, decision)
             self._requeue(job, decision)
         else:
-            self._stop(job, decision, verdict)
+            self._stop(job, decision, verdict, cancel=cancel_on_stop)
         return 1
 
     def _strike(self, job: JobInfo, verdict: Verdict, decision: Decision) -> None:
@@ -571,13 +594,16 @@ class Monitor:
         self._event("job_requeued", job_id=job_id, restart=restart_count + 1, excluded=detail["excluded"],
                     comment=detail["comment"])
 
-    def _stop(self, job: JobInfo, decision: Decision, verdict: Verdict) -> None:
+    def _stop(self, job: JobInfo, decision: Decision, verdict: Verdict, *, cancel: bool = False) -> None:
+        """Record the verdict (in the Comment where Slurm takes it); ``cancel``: end a job still holding nodes."""
         comment = stop_comment(decision.category, decision.reason, verdict.evidence[:3])
         self.db.intent(job.job_id, job.restart_count, "stop", {"comment": comment}, self.clock())
         try:
             self.client.update_job(job.job_id, comment=comment)
         except SlurmCommandError as exc:  # Slurm 22.05 refuses updates to a finished job: the verdict stays here
             self._event("comment_refused", job_id=job.job_id, error=str(exc)[-200:])
+        if cancel:
+            self.client.cancel(job.job_id)
         self.db.done(job.job_id, job.restart_count, "stop", self.clock())
         self._set(job, JobStatus.STOPPED)
         self.metrics.stop()

@@ -51,6 +51,9 @@ class CliSlurmClient:
     def release(self, job_id: int) -> None:
         self._scontrol("release", str(_job_id(job_id)))
 
+    def cancel(self, job_id: int) -> None:
+        self._run(["scancel", str(_job_id(job_id))])
+
     def update_job(self, job_id: int, *, comment: str | None = None,
                    excluded_nodes: tuple[str, ...] | None = None) -> None:
         fields = []

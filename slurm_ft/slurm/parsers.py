@@ -51,6 +51,7 @@ def parse_job_record(job: Mapping[str, Any]) -> JobInfo:
         state=state,
         reason=_reason(job.get("state_reason")),
         nodes=tuple(expand_hostlist(str(job.get("nodes") or ""))),
+        batch_host=str(job.get("batch_host") or ""),
         exit_code=exit_code,
         exit_signal=exit_signal,
         restart_count=int(_number(job.get("restart_cnt")) or 0),

@@ -53,6 +53,9 @@ class PyslurmClient:
     def release(self, job_id: int) -> None:
         self._call(f"release job {job_id}", lambda: self._py.Job(job_id).release())
 
+    def cancel(self, job_id: int) -> None:
+        self._call(f"cancel job {job_id}", lambda: self._py.Job(job_id).cancel())
+
     def update_job(self, job_id: int, *, comment: str | None = None,
                    excluded_nodes: tuple[str, ...] | None = None) -> None:
         changes: dict[str, Any] = {}
@@ -89,6 +92,7 @@ def job_from_pyslurm(job: Any) -> JobInfo:
         state=state,
         reason="" if reason == "None" else reason,
         nodes=tuple(parsers.expand_hostlist(_hostlist(getattr(job, "allocated_nodes", None)))),
+        batch_host=str(getattr(job, "batch_host", "") or ""),
         exit_code=(code if code is not None else 0) if ended else None,
         exit_signal=signal or None,
         restart_count=_int(getattr(job, "requeue_count", None)) or 0,

@@ -64,6 +64,7 @@ class JobInfo:
     state: JobState = JobState.UNKNOWN
     reason: str = ""
     nodes: tuple[str, ...] = ()
+    batch_host: str = ""  # the node running the batch script (slurm-ft's launcher); "" while pending
     exit_code: int | None = None  # the script's exit status
     exit_signal: int | None = None  # the signal that ended it, if any
     restart_count: int = 0
@@ -111,6 +112,8 @@ class SlurmClient(Protocol):
     def resume(self, node: str) -> None: ...
 
     def requeue(self, job_id: int, *, hold: bool = False) -> None: ...
+
+    def cancel(self, job_id: int) -> None: ...
 
     def release(self, job_id: int) -> None: ...
 

@@ -7,7 +7,10 @@ the quarantine store the prolog shares.
   killed): the launcher swaps in the spare, the monitor quarantines the dead node, the job is never requeued;
 - requeue: the batch host of a 2-node job dies; Slurm ends the job NODE_FAIL and requeues it (JobRequeue=1);
   the monitor classifies hardware_node, quarantines the node, puts it in ExcNodeList with the resume hint; the
-  job resumes elsewhere from its last checkpoint.
+  job resumes elsewhere from its last checkpoint;
+- launcher lost: the batch host of a ``--no-kill`` job dies; Slurm drops the node and keeps the job RUNNING with
+  nothing left to restart its ranks; the monitor sees the batch host gone from the job's nodes and requeues it
+  without that node.
 
 Both finish with the parameters of an uninterrupted run (computed once under torchrun) and lose no more than one
 checkpoint interval per fault.
@@ -208,6 +211,38 @@ def test_node_death_ends_node_fail_and_the_job_resumes_elsewhere(lab, reference_
             result = _result(output_of(lab, job_id))
             assert result["resumed_from"] == resume_step
             assert result["param_sha256"] == reference_sha
+        finally:
+            cancel(lab, job_id)
+            if victim is not None:
+                _restore(lab, monitor, victim)
+
+
+def test_batch_host_death_under_no_kill_is_requeued_by_the_monitor(lab, reference_sha):
+    ckpt = _fresh_dir(lab, "ck-orphan-")
+    run_dir = ckpt / ".slurm-ft"
+    with MonitorThread(lab) as monitor:
+        job_id = submit(lab, _script(), "-N3", "--no-kill", "-J", "rec-orphan",
+                        *_ft_flags(ckpt, **{"spare-nodes": "1"}), env=lab_env(lab))
+        monitor.job_ids.add(job_id)
+        victim = None
+        try:
+            job = wait_job(lab, job_id, ["RUNNING"], timeout=60)
+            crashed_at = _wait_step(run_dir, 9, attempt=1, timeout=120)
+            victim = job.batch_host  # the launcher dies with it; Slurm keeps the job on the other two nodes
+            assert victim == job.nodes[0]
+            crash_node(lab, victim)
+            requeued = wait_for(lambda: (j := lab.client().job(job_id)) and j.restart_count == 1
+                                and j.comment.startswith("slurm-ft: restart=1") and j, 120,
+                                message="the orphaned job requeued by the monitor")
+            assert victim in requeued.excluded_nodes and "cause=hardware_node" in requeued.comment
+            resume_step = int(requeued.comment.split("resume_step=")[1].split()[0])
+            assert crashed_at - resume_step <= EVERY
+
+            done = wait_job(lab, job_id, TERMINAL, timeout=240)
+            assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
+            assert victim not in done.nodes and done.restart_count == 1
+            result = _result(output_of(lab, job_id))
+            assert result["resumed_from"] == resume_step and result["param_sha256"] == reference_sha
         finally:
             cancel(lab, job_id)
             if victim is not None:

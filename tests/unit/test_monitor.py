@@ -56,6 +56,10 @@ class FakeClient:
     def release(self, job_id):
         self.calls.append(("release", job_id))
 
+    def cancel(self, job_id):
+        self.calls.append(("cancel", job_id))
+        self.jobs_by_id[job_id] = dataclasses.replace(self.jobs_by_id[job_id], state=JobState.CANCELLED)
+
     def update_job(self, job_id, *, comment=None, excluded_nodes=None):
         self.calls.append(("update", job_id, comment, excluded_nodes))
         job = self.jobs_by_id[job_id]
@@ -500,3 +504,47 @@ def test_no_requeue_job_is_stopped_even_when_recoverable(state, tmp_path):
     mon.poll_once()
     assert client.count("requeue") == 0
     assert "--ft-no-requeue" in json.loads(mon.db.action(100, 0, "stop")["detail"])["comment"]
+
+
+def _orphan_setup(state, tmp_path, **register):
+    """A --no-kill job whose batch host n1 died: Slurm dropped n1 and keeps the job RUNNING on n2."""
+    from slurm_ft.classify import classify
+
+    ckpt = register_job(state, tmp_path, **register)
+    commit_step(ckpt, 12)
+    running = failed(state=JobState.RUNNING, nodes=("n1", "n2"), batch_host="n1", exit_code=None)
+    client = FakeClient([running], [NodeInfo(name="n1", state=frozenset({"DOWN", "NOT_RESPONDING"})),
+                                    NodeInfo(name="n2", state=frozenset({"ALLOCATED"}))])
+    quarantine = RecordingQuarantine()
+    mon = make(state, client, classify, quarantine=quarantine)
+    mon.poll_once()  # seen running on n1, n2: nothing to do yet
+    assert client.count("requeue") == 0
+    client.jobs_by_id[100] = dataclasses.replace(running, nodes=("n2",))
+    return client, mon, quarantine
+
+
+def test_a_job_that_lost_its_batch_host_is_requeued_without_it(state, tmp_path):
+    client, mon, quarantine = _orphan_setup(state, tmp_path)
+    assert mon.poll_once() == 1
+    assert ("requeue", 100, True) in client.calls and client.count("cancel") == 0
+    update = next(c for c in client.calls if c[0] == "update")
+    assert update[2] == "slurm-ft: restart=1 resume_step=12 cause=hardware_node" and "n1" in update[3]
+    assert ("n1", "hardware_node", 100) in quarantine.strikes
+    mon.poll_once()
+    assert client.count("requeue") == 1  # once
+
+
+def test_a_job_that_lost_its_batch_host_with_no_budget_left_is_stopped_and_cancelled(state, tmp_path):
+    client, mon, _ = _orphan_setup(state, tmp_path, max_restarts=0)
+    assert mon.poll_once() == 1
+    assert client.count("requeue") == 0 and client.calls[-1] == ("cancel", 100)  # not left idle to its time limit
+    assert "restart budget exhausted" in client.jobs_by_id[100].comment
+    mon.poll_once()
+    assert client.count("cancel") == 1
+
+
+def test_a_running_job_on_its_batch_host_is_left_alone(state, tmp_path):
+    register_job(state, tmp_path)
+    client = FakeClient([failed(state=JobState.RUNNING, nodes=("n2", "n3"), batch_host="n2", exit_code=None)])
+    assert make(state, client).poll_once() == 0
+    assert not [c for c in client.calls if c[0] not in ("jobs", "nodes")]

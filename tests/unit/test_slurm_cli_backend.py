@@ -72,6 +72,7 @@ def test_actions_pass_argument_lists(runner):
     client.requeue(8)
     client.requeue(8, hold=True)
     client.release(8)
+    client.cancel(8)
     client.update_job(8, comment="slurm-ft: resume_step=100", excluded_nodes=("n3", "n1", "n2"))
     client.update_job(8, excluded_nodes=())
     client.update_job(8)  # nothing to change: no call
@@ -81,6 +82,7 @@ def test_actions_pass_argument_lists(runner):
         ("scontrol", "requeue", "8"),
         ("scontrol", "requeuehold", "8"),
         ("scontrol", "release", "8"),
+        ("scancel", "8"),
         ("scontrol", "update", "JobId=8", "Comment=slurm-ft: resume_step=100", "ExcNodeList=n[1-3]"),
         ("scontrol", "update", "JobId=8", "ExcNodeList="),
     ]
@@ -97,6 +99,7 @@ def test_version(runner):
     (lambda c: c.requeue(0), "job_id"),
     (lambda c: c.requeue("7"), "job_id"),
     (lambda c: c.release(True), "job_id"),
+    (lambda c: c.cancel(-3), "job_id"),
     (lambda c: c.update_job(7, comment="a\nb"), "comment"),
     (lambda c: c.update_job(7, excluded_nodes=("n1,", "x y")), "node"),
 ])

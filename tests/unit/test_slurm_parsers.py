@@ -94,7 +94,8 @@ def test_squeue_bad_input_is_a_clear_error(text):
 
 def test_recorded_squeue_22_05():
     jobs = _by_id(parsers.parse_squeue_json((DATA / "squeue-22.05-mixed.json").read_text()))
-    assert jobs[1].state is JobState.RUNNING and jobs[1].nodes == ("n1", "n2")
+    assert jobs[1].state is JobState.RUNNING and jobs[1].nodes == ("n1", "n2") and jobs[1].batch_host == "n1"
+    assert jobs[4].batch_host == ""  # pending: no batch host yet
     assert (jobs[2].state, jobs[2].exit_code, jobs[2].exit_signal) == (JobState.FAILED, 3, None)
     assert (jobs[3].exit_code, jobs[3].exit_signal) == (0, 9)
     requeued = jobs[4]  # scontrol requeue'd while running, submitted with --comment, -x n4, --output

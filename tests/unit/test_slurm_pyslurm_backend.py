@@ -29,6 +29,9 @@ class FakeJob:
     def release(self):
         FakeJob.calls.append(("release", self.id))
 
+    def cancel(self):
+        FakeJob.calls.append(("cancel", self.id))
+
     def modify(self, changes):
         FakeJob.calls.append(("modify", self.id, dict(changes.values)))
 
@@ -52,7 +55,7 @@ class FakeDescription:
 def fake_pyslurm(version="25.11.0", fail=False):
     jobs = {
         5: FakeJob(5, name="train", user_id=1000, state="RUNNING", state_reason="None", allocated_nodes="n[1-2]",
-                   exit_code=0, exit_code_signal=0, requeue_count=1, comment="c", excluded_nodes="n4",
+                   batch_host="n1", exit_code=0, exit_code_signal=0, requeue_count=1, comment="c", excluded_nodes="n4",
                    is_requeueable=True, working_directory="/w", standard_output="/w/o", standard_error="/w/e"),
         6: FakeJob(6, name="dead", user_id=0, state="FAILED", state_reason="NonZeroExitCode", allocated_nodes="n3",
                    exit_code=0, exit_code_signal=9, requeue_count=0, is_requeueable=False),
@@ -78,6 +81,7 @@ def test_reads_map_to_records():
     jobs = {j.job_id: j for j in client.jobs()}
     assert jobs[5].state is JobState.RUNNING and jobs[5].nodes == ("n1", "n2") and jobs[5].reason == ""
     assert jobs[5].restart_count == 1 and jobs[5].excluded_nodes == ("n4",) and jobs[5].requeue
+    assert jobs[5].batch_host == "n1" and jobs[6].batch_host == ""
     assert (jobs[5].exit_code, jobs[5].exit_signal) == (None, None)
     assert (jobs[6].exit_code, jobs[6].exit_signal) == (0, 9)
     assert client.job(6).name == "dead" and client.job(7) is None
@@ -94,10 +98,11 @@ def test_actions_call_pyslurm():
     client.requeue(5)
     client.requeue(5, hold=True)
     client.release(5)
+    client.cancel(5)
     client.update_job(5, comment="x", excluded_nodes=("n2", "n1"))
     assert FakeNode.calls == [("modify", "n3", {"state": "DRAIN", "reason": "slurm-ft: xid 79"}),
                               ("modify", "n3", {"state": "RESUME"})]
-    assert FakeJob.calls == [("requeue", 5, False), ("requeue", 5, True), ("release", 5),
+    assert FakeJob.calls == [("requeue", 5, False), ("requeue", 5, True), ("release", 5), ("cancel", 5),
                              ("modify", 5, {"comment": "x", "excluded_nodes": "n[1-2]"})]
 
 

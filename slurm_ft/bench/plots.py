@@ -60,12 +60,15 @@ def plot_recovery_vs_size(records: Sequence[Mapping[str, Any]], path: Path, *, v
     faults = list(dict.fromkeys(r["fault"] for r in usable))
     if not faults:
         return f"no records with {value!r}: no recovery plot"
+    systems = list(dict.fromkeys(r["system"] for r in records))
+    colors = {system: f"C{i}" for i, system in enumerate(systems)}  # one color per system in every panel
     fig, axes = plt.subplots(1, len(faults), figsize=(4.5 * len(faults), 4), squeeze=False)
     for ax, fault in zip(axes[0], faults):
         mine = [r for r in usable if r["fault"] == fault]
-        for system in dict.fromkeys(r["system"] for r in mine):
+        for system in (s for s in systems if any(r["system"] == s for r in mine)):
             points = sorted((int(r["nodes"]), float(r[value])) for r in mine if r["system"] == system)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system,
+                    color=colors[system])
         ax.set_title(fault)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes")

@@ -21,7 +21,7 @@ SPANK_HOOK_PREFIX = "SPANK_FT_"
 # Per-job settings (the suffix after the prefix). The SPANK option --ft-ckpt-dir maps to CKPT_DIR, and so on.
 ENABLED = "ENABLED"            # "1" when the job was submitted with --ft
 CKPT_DIR = "CKPT_DIR"          # checkpoint directory
-CKPT_EVERY = "CKPT_EVERY"      # checkpoint interval in steps
+CKPT_EVERY = "CKPT_EVERY"      # checkpoint interval: steps, or "auto" (Young/Daly)
 MAX_RESTARTS = "MAX_RESTARTS"  # restart budget across requeues and in-place restarts
 HANG_TIMEOUT = "HANG_TIMEOUT"  # seconds without a heartbeat before a rank counts as hung
 SPARE_NODES = "SPARE_NODES"    # nodes in the allocation held back to replace a bad one

@@ -615,7 +615,9 @@ class Monitor:
         for action in self.db.pending(job.job_id):
             count, detail = action["restart_count"], json.loads(action["detail"])
             if action["action"] == "requeue":
-                if job.restart_count > count or not job.state.finished:
+                # it happened if the count moved or the job is back in the queue (a job that lost its launcher
+                # was RUNNING before the requeue: still RUNNING at the same count, it never happened)
+                if job.restart_count > count or (not job.state.finished and job.state is not JobState.RUNNING):
                     self._event("reconcile", job_id=job.job_id, action="requeue", outcome="happened; finishing")
                     self._finish_requeue(job.job_id, count, detail)
                 else:

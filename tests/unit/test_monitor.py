@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.metrics import Metrics, serve
 from slurm_ft.monitor import (FtJob, Monitor, MonitorConfig, parse_resume_step, read_registration,
                               registry_path, require_actor, write_registration)
@@ -364,8 +364,6 @@ def test_job_requeued_by_slurm_after_node_failure_gets_exclusion_and_hint(state,
 
 
 def test_stop_verdict_kept_when_slurm_refuses_the_comment(state, tmp_path):
-    from slurm_ft.errors import SlurmCommandError
-
     register_job(state, tmp_path)
     client = FakeClient([failed(state=JobState.FAILED)])
 
@@ -548,3 +546,18 @@ def test_a_running_job_on_its_batch_host_is_left_alone(state, tmp_path):
     client = FakeClient([failed(state=JobState.RUNNING, nodes=("n2", "n3"), batch_host="n2", exit_code=None)])
     assert make(state, client).poll_once() == 0
     assert not [c for c in client.calls if c[0] not in ("jobs", "nodes")]
+
+
+def test_a_refused_requeue_of_a_job_that_lost_its_batch_host_is_retried(state, tmp_path):
+    client, mon, _ = _orphan_setup(state, tmp_path)
+    requeue = client.requeue
+
+    def refused_once(job_id, *, hold=False):
+        client.requeue = requeue
+        raise SlurmCommandError("scontrol requeuehold 100: Slurm busy")
+
+    client.requeue = refused_once
+    mon.poll_once()  # the requeue fails after its intent was recorded
+    assert client.count("requeue") == 0 and client.jobs_by_id[100].state is JobState.RUNNING
+    mon.poll_once()  # still RUNNING at the same count: it never happened, so it is tried again
+    assert client.count("requeue") == 1 and client.jobs_by_id[100].restart_count == 1

@@ -704,8 +704,8 @@ QUICK = {"nodes": (1, 2), "models": ("medium",), "ettr_minutes": 4.0, "fault_eve
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slurm-ft bench lab", description=__doc__.splitlines()[0],
-                                epilog="Needs root (it starts a Slurm lab). The default run takes about 1 h 45 min on 2 cores; "
-                                       "--quick about ten minutes.")
+                                epilog="Needs root (it starts a Slurm lab). The default run takes about 1 h 45 min "
+                                       "on 2 cores; --quick about ten minutes.")
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated subset of {','.join(PHASES)}")
     p.add_argument("--nodes", type=int, nargs="+", help="job sizes (default 1 2 4 8; --quick: 1 2)")
     p.add_argument("--models", nargs="+", help="model sizes (default medium large; --quick: medium)")

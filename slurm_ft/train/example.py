@@ -250,11 +250,11 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
         if args.step_time:
             time.sleep(args.step_time)
         stepped = time.time()
-        saved = mgr.maybe_save(step)
-        if timeline is not None:
+        if timeline is not None:  # before the save: a process killed after committing step N has recorded it
             timeline.write("step", step=step, t0=round(began, 4), t1=round(stepped, 4))
-            if saved:
-                timeline.write("save", step=step, t0=round(stepped, 4), t1=round(time.time(), 4))
+        saved = mgr.maybe_save(step)
+        if timeline is not None and saved:
+            timeline.write("save", step=step, t0=round(stepped, 4), t1=round(time.time(), 4))
         if mgr.exit_requested:
             emergency = True
             break

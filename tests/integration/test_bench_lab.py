@@ -48,7 +48,7 @@ def test_bench_lab_runs_every_phase_and_records_every_figure(lab, tmp_path):  # 
     assert set(ettr) == {s.value for s in System}
     for row in ettr.values():
         assert row["completed"] and 0 < row["ettr"] <= 1, row
-        assert row["productive_steps"] == round(60 / 0.3)  # every step done once, whatever was redone
+        assert row["productive_steps"] == round(60 / 0.3), row  # every step done once, whatever was redone
         assert row["lost_s"] == pytest.approx(row["wall_s"] - row["productive_s"])
     assert ettr[System.SLURM_FT.value]["faults"] and ettr[System.SLURM_FT.value]["interval_s"] > 0  # auto
     assert ettr[System.SLURM_REQUEUE.value]["interval_steps"] >= 1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_ft.bench import timeline as tl
 from slurm_ft.train import example, layout
 from slurm_ft.train.storage import CRASH_POINTS
 
@@ -105,3 +106,15 @@ def test_sigkill_at_each_commit_point_resumes_from_a_consistent_checkpoint(tmp_p
     assert resumed["resumed_from"] == latest.step
     assert resumed["param_sha256"] == reference_sha
     assert not list(ckpt.glob(".tmp-*")), "stale temp dirs are removed by the next commit"
+
+
+def test_a_step_killed_after_its_save_committed_is_in_the_timeline_once(tmp_path):
+    """The bench's ETTR counts each step once: a process SIGKILLed after committing step 4 (and before it
+    could write anything more) must have recorded step 4, or the resumed run never records it."""
+    ckpt, timeline = tmp_path / "ck", tmp_path / "timeline.jsonl"
+    args = ["--steps", "6", "--ckpt-every", "2", "--sync", "--timeline", str(timeline)]
+    crashed = _run(ckpt, 1, *args, env_extra={"SLURM_FT_TEST_CRASH_AT": "after_fsync@4"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    assert _result(_run(ckpt, 1, *args))["resumed_from"] == 4
+    steps = tl.step_records(tl.read_timeline(timeline))
+    assert sorted(s.step for s in steps if not s.lost) == [1, 2, 3, 4, 5, 6]

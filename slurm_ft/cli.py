@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 
 from slurm_ft import __version__
@@ -73,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at interpreter exit
+        return code
+    except BrokenPipeError:  # `slurm-ft report --json | head`: end quietly, as a tool killed by SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except SlurmFtError as exc:
         print(f"slurm-ft: {exc}", file=sys.stderr)
         return exc.exit_code

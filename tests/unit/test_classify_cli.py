@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -154,3 +156,19 @@ def test_entry_point_subprocess(tmp_path):
     assert "torch" not in subprocess.run(
         [sys.executable, "-c", "import sys, slurm_ft.classify.cli; print(' '.join(sys.modules))"],
         capture_output=True, text=True, env=env, timeout=60, check=False).stdout.split()
+
+
+def test_reader_gone_ends_quietly_with_the_sigpipe_status(tmp_path):
+    """``slurm-ft classify --json | head -c0``: no BrokenPipeError traceback, exit 128+SIGPIPE."""
+    log = tmp_path / "r.log"
+    log.write_text(KEYERROR)
+    (tmp_path / "none.toml").write_text("")
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written
+    try:
+        proc = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "classify", "--log", f"0:{log}", "--json"],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+                              env={"SLURM_FT_CONFIG": str(tmp_path / "none.toml"), "PATH": "/usr/bin:/bin"})
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 128 + signal.SIGPIPE and proc.stderr == "", proc.stderr

@@ -3,7 +3,8 @@ fsync'd disk write bandwidth and the in-memory copy bandwidth measured in the sa
 
     python bench/bench_checkpoint.py [--sizes 64,256,512] [--dir /tmp/bench-ckpt] [--threads 2]
 
-Single process, one rank's state (fp32 tensors of 16 MiB). Per size: a plain ``dcp.save`` (FileSystemWriter, fsync'd files: what a synchronous loop blocks for), our blocking
+Single process, one rank's state (fp32 tensors of 16 MiB). Per size: a plain ``dcp.save`` (FileSystemWriter,
+fsync'd files: what a synchronous loop blocks for), our blocking
 save (DCP + digests + manifest + atomic publish), one cold async save (staging buffers allocated), then
 --repeats rounds of
   memcpy     copy of the state into already-allocated host buffers (the in-memory copy bandwidth)

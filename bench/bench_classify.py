@@ -59,14 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     result["medium_tail_verdicts_per_s"] = round(_rate(lambda ev: classify(ev, rules), medium_evidence,
                                                        args.seconds / 2)[0])
     long_evidence = [_padded(c.evidence, 64 * 1024) for c in cases]
-    result["long_tail_verdicts_per_s"] = round(_rate(lambda ev: classify(ev, rules), long_evidence, args.seconds / 2)[0])
+    result["long_tail_verdicts_per_s"] = round(_rate(lambda ev: classify(ev, rules), long_evidence,
+                                                     args.seconds / 2)[0])
     result["long_tail_mismatching_cases"] = [c.name for c, ev in zip(cases, long_evidence)
                                              if mismatches(c, classify(ev, rules).to_dict())]
     result["target_verdicts_per_s"] = TARGET
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"corpus: {result['cases']} cases, {result['mean_text_chars']} chars of log/error text per case on average")
+        print(f"corpus: {result['cases']} cases, {result['mean_text_chars']} chars of log/error text "
+              "per case on average")
         print(f"typical    {result['verdicts_per_s']:>9,} verdicts/s   (target {TARGET:,}: "
               f"{'met' if result['verdicts_per_s'] >= TARGET else 'NOT met'})")
         print(f"medium     {result['medium_tail_verdicts_per_s']:>9,} verdicts/s   (4 KiB log tails)")

@@ -60,7 +60,8 @@ def main() -> int:
         (fake_bin / "scontrol").write_text("#!/bin/sh\nexit 0\n")
         for tool in ("sinfo", "scontrol"):
             (fake_bin / tool).chmod(0o755)
-        env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(os.getuid()),
+        env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "1",
+               "SLURM_JOB_UID": str(os.getuid()),
                "SLURM_CONF": str(d / "no-slurm.conf")}
         rows = [("python -I -c pass", timed([sys.executable, "-I", "-c", "pass"], env, args.runs))]
         rows.append(("prolog pass", timed([str(wrapper)], env, args.runs)))

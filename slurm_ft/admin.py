@@ -260,7 +260,8 @@ def build_plugin(source: Path, out_dir: Path) -> Path:
     done = subprocess.run(["make", "-s", "-C", str(source / "spank"), f"OUT={out_dir}"],  # noqa: S603
                           capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
-        raise AdminError(f"make -C spank failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-800:]}")
+        output = (done.stderr or done.stdout).strip()[-800:]
+        raise AdminError(f"make -C spank failed (exit {done.returncode}): {output}")
     return out_dir / PLUGIN_NAME
 
 

@@ -86,7 +86,8 @@ class LaunchConfig:
                 f"must be an integer >= 1 (--nodes), got {self.nodes!r}")
         require(isinstance(self.ntasks_per_node, int) and self.ntasks_per_node >= 1, "ntasks_per_node",
                 f"must be an integer >= 1 (--ntasks-per-node), got {self.ntasks_per_node!r}")
-        require(self.hang_timeout_s >= 0, "hang_timeout_s", f"must be >= 0 (--hang-timeout), got {self.hang_timeout_s!r}")
+        require(self.hang_timeout_s >= 0, "hang_timeout_s",
+                f"must be >= 0 (--hang-timeout), got {self.hang_timeout_s!r}")
         require(self.startup_grace_s >= 0, "startup_grace_s", f"must be >= 0, got {self.startup_grace_s!r}")
         require(isinstance(self.max_restarts, int) and self.max_restarts >= 0, "max_restarts",
                 f"must be an integer >= 0 (--max-restarts), got {self.max_restarts!r}")

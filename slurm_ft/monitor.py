@@ -670,7 +670,8 @@ def _slurm_user() -> str | None:
     return parse_slurm_user(out.stdout)
 
 
-def require_actor(dry_run: bool, *, euid: int | None = None, slurm_user: Callable[[], str | None] = _slurm_user) -> None:
+def require_actor(dry_run: bool, *, euid: int | None = None,
+                  slurm_user: Callable[[], str | None] = _slurm_user) -> None:
     """Acting (requeue, drain) needs root or the SlurmUser; --dry-run needs nothing."""
     from slurm_ft.quarantine import require_privileged
 

@@ -74,7 +74,8 @@ def _case(name: str, data: dict[str, Any]) -> Case:
     nodes = []
     for entry in data.get("node_event", []):
         _known(entry, _NODE_EVENT, "[[node_event]]")
-        nodes.append(NodeEvent(name=entry["name"], state=frozenset(entry.get("state", ())), reason=entry.get("reason", "")))
+        nodes.append(NodeEvent(name=entry["name"], state=frozenset(entry.get("state", ())),
+                               reason=entry.get("reason", "")))
     expect = data["expect"]
     _known(expect, _EXPECT, "[expect]")
     evidence = Evidence(job=job, nodes=tuple(nodes), nvml=tuple(snapshot_from_dict(s) for s in data.get("nvml", [])),

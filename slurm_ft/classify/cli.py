@@ -185,7 +185,8 @@ def _node_event(spec: str) -> NodeEvent:
     state, _, reason = rest.partition(":")
     flags = [f for f in state.replace(",", "+").split("+") if f]
     if not sep or not _NODE_NAME_RE.match(name) or not flags:
-        raise SlurmFtError(f"--node-event {spec!r}: expected NAME:STATE[+FLAG...][:REASON], e.g. n3:DOWN:Not responding")
+        raise SlurmFtError(f"--node-event {spec!r}: expected NAME:STATE[+FLAG...][:REASON], "
+                           "e.g. n3:DOWN:Not responding")
     return NodeEvent(name=name, state=frozenset(flags), reason=reason)
 
 

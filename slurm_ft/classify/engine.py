@@ -248,7 +248,8 @@ def _gpu_problems(gpu: GpuHealth, limits) -> Iterator[tuple[Rule, str]]:
     if limits.retired_pages_pending and gpu.retired_pages_pending:
         yield _NVML_PENDING, "page retirement pending (needs a GPU reset)"
     retired = (gpu.retired_pages_sbe or 0) + (gpu.retired_pages_dbe or 0)
-    if (gpu.retired_pages_sbe is not None or gpu.retired_pages_dbe is not None) and _over(retired, limits.retired_pages_max):
+    counted = gpu.retired_pages_sbe is not None or gpu.retired_pages_dbe is not None
+    if counted and _over(retired, limits.retired_pages_max):
         yield _NVML_WEAR, f"{retired} retired pages"
     if _over(gpu.ecc_aggregate_uncorrected, limits.ecc_aggregate_uncorrected_max):
         yield _NVML_WEAR, f"{gpu.ecc_aggregate_uncorrected} aggregate uncorrected ECC errors"
@@ -277,7 +278,8 @@ def _xid_findings(events: Iterable[XidEvent], ctx: _Context, rules: Rules) -> li
         rule = _XID_RULES.get(info.kind_for(event.text or ""))
         if rule is None:
             continue  # watch: a health-probe matter, not a cause
-        where = f" on GPU {event.gpu_index}" if event.gpu_index is not None else (f" on {event.pci_bus}" if event.pci_bus else "")
+        where = (f" on GPU {event.gpu_index}" if event.gpu_index is not None
+                 else f" on {event.pci_bus}" if event.pci_bus else "")
         line = (event.text or "").strip()
         text = f"{event.node} Xid {event.xid} ({info.name}){where}" + (f": {line}" if line else "")
         rank = ctx.rank_for_pid(event.node, xid_pid(event.text or ""))
@@ -383,8 +385,8 @@ def _summary_findings(text: str, ctx: _Context, label: str) -> list[Finding]:
         how = f"exitcode {code}" if code is not None else "failed"
         if code is not None and code < 0:
             how += f" (signal {-code})"
-        found.append(Finding(_ROOT_CAUSE, f"{label}: torchrun first observed failure: rank {rank} on {host or '?'}, {how}",
-                             "log", node=host, rank=rank))
+        text = f"{label}: torchrun first observed failure: rank {rank} on {host or '?'}, {how}"
+        found.append(Finding(_ROOT_CAUSE, text, "log", node=host, rank=rank))
     return found
 
 
@@ -430,8 +432,8 @@ def _reduce(findings: list[Finding], ctx: _Context, rules: Rules, evidence: Evid
         if top.priority >= NODE_BAND:
             deciding = sorted((f for f in primaries if f.priority >= NODE_BAND), key=_strength, reverse=True)
         elif top.priority >= JOB_BAND:
-            deciding = sorted((f for f in primaries if JOB_BAND <= f.priority < NODE_BAND and f.category == top.category),
-                              key=_strength, reverse=True)
+            same_band = (f for f in primaries if JOB_BAND <= f.priority < NODE_BAND and f.category == top.category)
+            deciding = sorted(same_band, key=_strength, reverse=True)
         else:
             top, deciding = _root_cause(primaries, ctx)
         confidence = top.rule.confidence

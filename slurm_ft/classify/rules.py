@@ -268,7 +268,8 @@ def _require_table(source: str, where: str, value: Any) -> None:
 def _category_items(entries: Mapping[str, tuple[str, Mapping[str, Any]]]):
     for key, (src, value) in entries.items():
         if key not in Category._value2member_map_:
-            raise ConfigError(f"{src}: [category.{key}]: unknown category (known: {', '.join(c.value for c in Category)})")
+            known = ', '.join(c.value for c in Category)
+            raise ConfigError(f"{src}: [category.{key}]: unknown category (known: {known})")
         yield key, (src, value)
 
 
@@ -288,7 +289,8 @@ def _check_keys(src: str, where: str, data: Mapping[str, Any], schema: Mapping[s
         if key not in schema:
             raise ConfigError(f"{src}: [{where}]: unknown key {key!r} (known: {', '.join(sorted(schema))})")
         types = schema[key]
-        if (isinstance(value, bool) and types is not bool and bool not in _as_tuple(types)) or not isinstance(value, types):
+        bool_for_number = isinstance(value, bool) and types is not bool and bool not in _as_tuple(types)
+        if bool_for_number or not isinstance(value, types):
             raise ConfigError(f"{src}: [{where}] {key}: must be {_type_name(types)}, got {value!r}")
     for key in required:
         if key not in data:
@@ -395,7 +397,8 @@ def _signature(src: str, data: Mapping[str, Any]) -> Signature:
     sources = data.get("sources", list(DEFAULT_SOURCES))
     unknown = [s for s in sources if s not in SOURCES]
     if unknown or not sources:
-        raise ConfigError(f"{src}: [{where}] sources: must be a non-empty list of {', '.join(SOURCES)}, got {sources!r}")
+        raise ConfigError(f"{src}: [{where}] sources: must be a non-empty list of {', '.join(SOURCES)}, "
+                          f"got {sources!r}")
     # ASCII semantics: case-insensitive matching then agrees with the scanner's ASCII keyword check.
     flags = re.ASCII | (re.IGNORECASE if data.get("ignore_case", False) else 0)
     regex = _compile(src, f"{where}] pattern", data["pattern"], flags)

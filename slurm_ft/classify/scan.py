@@ -18,8 +18,8 @@ from slurm_ft.classify.xid import parse_xid_line
 
 # Short substrings shared by many keywords; a keyword containing none of them is its own anchor.
 COARSE_ANCHORS = ("error", "xception", "nccl", "cuda", "kill", "fail", "abort", "terminat", "cancelled", "timed out",
-                  "sig", "errno", "nan", "inf", "finite", "space", "stale", "quota", "connect", "mismatch", "xid", "memory",
-                  "respond")
+                  "sig", "errno", "nan", "inf", "finite", "space", "stale", "quota", "connect", "mismatch", "xid",
+                  "memory", "respond")
 
 # The last line of a Python traceback: "[rank3]: torch.OutOfMemoryError: CUDA out of memory ..."
 EXCEPTION_LINE_RE = re.compile(

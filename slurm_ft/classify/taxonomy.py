@@ -79,7 +79,8 @@ class Verdict:
             category=Category(data["category"]),
             recoverable=bool(data["recoverable"]),
             action=Action(data["action"]),
-            culprit=Culprit(nodes=tuple(culprit.get("nodes", ())), ranks=tuple(int(r) for r in culprit.get("ranks", ()))),
+            culprit=Culprit(nodes=tuple(culprit.get("nodes", ())),
+                            ranks=tuple(int(r) for r in culprit.get("ranks", ()))),
             evidence=tuple(data.get("evidence", ())),
             confidence=float(data.get("confidence", 0.5)),
         )

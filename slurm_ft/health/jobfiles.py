@@ -79,7 +79,8 @@ class FileLimits:
     max_files: int = 256
 
 
-def read_error_files(run_dir: str, uid: int, limits: FileLimits = FileLimits()) -> tuple[list[dict[str, Any]], list[str]]:
+def read_error_files(run_dir: str, uid: int,
+                     limits: FileLimits = FileLimits()) -> tuple[list[dict[str, Any]], list[str]]:
     """Rank error records (``error.rank<R>.json``) in ``run_dir``, sorted by time, plus notes on what was skipped."""
     notes: list[str] = []
     records: list[dict[str, Any]] = []

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from slurm_ft import env
@@ -56,6 +57,7 @@ log = logging.getLogger("slurm_ft.train.checkpoint")
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized, assuming")
 
 LOCAL_STATE = "rank_{rank:05d}.pt"
+DCP_METADATA = ".metadata"  # DCP's index of every saved item and where its data lies
 DATALOADER_KEY = "dataloader"
 AUTO = "auto"  # CheckpointConfig.every: Young/Daly interval from measured cost and failure rate
 AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training time before a run's first save
@@ -612,6 +614,8 @@ class CheckpointManager:
             manifest = layout.read_manifest(path)
             names = sorted(manifest.files)[self.rank::self.world_size]
             mine = layout.verify_files(manifest, names, checksums=self.config.verify)
+            if self.rank == 0 and not mine:
+                mine = _metadata_problems(self.storage.reader(path), manifest)
         except layout.ManifestError as exc:
             mine = [str(exc)]
         return sorted({p for part in self._all_gather(mine) for p in part})
@@ -674,6 +678,28 @@ def _manifest_files(tmp: Path, written: dict[str, layout.FileEntry]) -> dict[str
     if missing:
         raise OSError(f"written but not in {tmp}: {', '.join(missing)}")
     return files
+
+
+def _metadata_problems(reader: dcp.StorageReader, manifest: layout.Manifest) -> list[str]:
+    """What DCP's metadata points at that the checkpoint lacks: an item with no stored data (DCP's load would
+    raise KeyError), or data in a file the manifest does not list."""
+    try:
+        metadata = reader.read_metadata()
+    except Exception as exc:  # a torn or foreign .metadata
+        return [f"{DCP_METADATA}: unreadable ({type(exc).__name__}: {exc})"]
+    stored = metadata.storage_data or {}
+    unstored = []
+    for fqn, item in metadata.state_dict_metadata.items():
+        chunks = item.chunks if isinstance(item, TensorStorageMetadata) else [None]
+        if any(MetadataIndex(fqn, None if c is None else c.offsets) not in stored for c in chunks):
+            unstored.append(fqn)
+    problems = [f"{DCP_METADATA}: no stored data for {len(unstored)} items ({', '.join(unstored[:3])}"
+                f"{', ...' if len(unstored) > 3 else ''})"] if unstored else []
+    files = {getattr(info, "relative_path", None) for info in stored.values()} - {None}
+    unlisted = sorted(files - set(manifest.files))
+    if unlisted:
+        problems.append(f"{DCP_METADATA}: data in files the manifest lacks: {', '.join(unlisted)}")
+    return problems
 
 
 def _describe(exc: BaseException) -> str:

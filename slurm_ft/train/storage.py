@@ -88,7 +88,7 @@ class _HashingStream:
         return self.raw.closed
 
 
-class _HashingFileSystem(FileSystem):
+class HashingFileSystem(FileSystem):
     """DCP FileSystem that records ``{name: FileEntry}`` of each file it writes under ``root``."""
 
     def __init__(self, root: Path, step: int) -> None:
@@ -96,6 +96,7 @@ class _HashingFileSystem(FileSystem):
         self.root, self.step = Path(root), step
         self.digests: dict[str, layout.FileEntry] = {}
         self.unhashed: set[str] = set()
+        self.failures: list[str] = []  # writes that raised, in whichever DCP writer thread they ran
 
     def _name(self, path: Any) -> str:
         return Path(path).relative_to(self.root).as_posix()
@@ -108,9 +109,13 @@ class _HashingFileSystem(FileSystem):
             return
         name = self._name(path)
         hook = (lambda: crash_point("mid_shard", self.step)) if name.endswith(".distcp") else None
-        with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw, hook)
-            yield stream
+        try:
+            with super().create_stream(path, mode) as raw:
+                stream = _HashingStream(raw, hook)
+                yield stream
+        except Exception as exc:
+            self.failures.append(f"{name}: {exc}")
+            raise
         if stream.seeked:
             self.unhashed.add(name)
         else:
@@ -131,7 +136,7 @@ class HashingWriter(dcp.FileSystemWriter):
 
     def __init__(self, path: Path, *, step: int, thread_count: int = 1) -> None:
         super().__init__(path, sync_files=True, thread_count=thread_count, overwrite=True)
-        self.fs = _HashingFileSystem(Path(path), step)
+        self.fs = HashingFileSystem(Path(path), step)
 
     @property
     def digests(self) -> dict[str, layout.FileEntry]:
@@ -140,6 +145,19 @@ class HashingWriter(dcp.FileSystemWriter):
     @property
     def unhashed(self) -> set[str]:
         return self.fs.unhashed
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        """DCP's write, failing when any item went unwritten. DCP's extra writer threads (``thread_count`` > 1)
+        die on an error without reporting it: their items are then missing from the results, and the save
+        would commit a checkpoint whose metadata lacks them (it loads with a KeyError)."""
+        future = super().write_data(plan, planner)
+        written = {result.index for result in future.value()}
+        unwritten = [item.index.fqn for item in plan.items if item.index not in written]
+        if self.fs.failures or unwritten:
+            why = "; ".join(self.fs.failures) or "no error reported"
+            raise OSError(f"{len(unwritten)} of {len(plan.items)} items not written "
+                          f"({', '.join(unwritten[:3])}{', ...' if len(unwritten) > 3 else ''}): {why}")
+        return future
 
     def finish(self, metadata: Any, results: Any) -> None:
         crash_point("before_metadata", self.fs.step)

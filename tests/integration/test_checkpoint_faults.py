@@ -7,14 +7,18 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import uuid
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystem
 
 from slurm_ft.train import layout
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager, FileStorage
+from slurm_ft.train.storage import HashingFileSystem, HashingWriter
 
 pytestmark = pytest.mark.gloo
 
@@ -107,6 +111,66 @@ def test_disk_full_during_save_keeps_old_checkpoint_and_training_goes_on(tmp_pat
     assert layout.committed_steps(tmp_path) == [2, 6] and mgr.stats["failed"] == 1
 
 
+class _FailingFileSystem(FileSystem):
+    """Fails opening shards for writing in any thread but the one that called ``dcp.save``."""
+
+    def create_stream(self, path, mode):
+        if "w" in mode and str(path).endswith(".distcp") and threading.current_thread() is not threading.main_thread():
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+        return super().create_stream(path, mode)
+
+
+class _HelperThreadFails(HashingFileSystem, _FailingFileSystem):
+    pass
+
+
+class HelperThreadEIO(FileStorage):
+    """DCP's extra writer thread (write_threads=2) hits EIO on its shard; the calling thread's writes succeed."""
+
+    def __init__(self):
+        super().__init__(write_threads=2)
+        self.failing = False
+
+    def writer(self, path, *, step=-1):
+        writer = super().writer(path, step=step)
+        if self.failing:
+            writer.fs = _HelperThreadFails(path, step)
+        return writer
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
+def test_a_write_error_in_a_dcp_helper_thread_fails_the_save_instead_of_committing_it(tmp_path, caplog):
+    """DCP's helper threads die silently; a save that lost their shards must not commit (it would not load)."""
+    storage = HelperThreadEIO()
+    mgr, model, opt, sched, pos = _setup(tmp_path, storage=storage)
+    _train(model, opt, sched, pos, 2)
+    assert mgr.save(2).ok
+    _train(model, opt, sched, pos, 4)
+    storage.failing = True
+    with caplog.at_level(logging.ERROR, logger="slurm_ft.train.checkpoint"):
+        result = mgr.save(4)
+    assert not result.ok and "items not written" in result.error and "Input/output error" in result.error
+    assert "step 4 FAILED" in caplog.text
+    assert layout.committed_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-*"))
+    assert _setup(tmp_path)[0].resume() == 2
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
+def test_a_checkpoint_whose_dcp_metadata_lacks_items_is_skipped_on_resume(tmp_path, monkeypatch, caplog):
+    """What an unchecked writer (DCP's own) commits when a helper thread fails: resume falls back, no KeyError."""
+    storage = HelperThreadEIO()
+    mgr, model, opt, sched, pos = _setup(tmp_path, storage=storage)
+    _train(model, opt, sched, pos, 2)
+    mgr.save(2)
+    monkeypatch.setattr(HashingWriter, "write_data", dcp.FileSystemWriter.write_data)
+    storage.failing = True
+    _train(model, opt, sched, pos, 4)
+    assert mgr.save(4).ok and layout.committed_steps(tmp_path) == [2, 4]  # the broken checkpoint is committed
+    with caplog.at_level(logging.ERROR, logger="slurm_ft.train.checkpoint"):
+        assert _setup(tmp_path)[0].resume() == 2
+    assert "step 4 is corrupt" in caplog.text and ".metadata: no stored data for" in caplog.text
+
+
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     mnt = tmp_path / "tmpfs"
@@ -118,6 +182,7 @@ def tiny_tmpfs(tmp_path):
     subprocess.run(["umount", str(mnt)], check=True)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
 def test_real_enospc_on_tiny_tmpfs(tiny_tmpfs):
     # ~0.3M params: model + 2 AdamW moments ~ 1.3 MB per checkpoint; the second does not fit in 2 MB.
     mgr, model, opt, sched, pos = _setup(tiny_tmpfs, hidden=20000, async_save=True)

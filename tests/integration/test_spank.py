@@ -34,6 +34,7 @@ def test_sbatch_help_lists_the_ft_options(lab) -> None:
     ("--ft-hang-timeout=0", "slurm-ft: --ft-hang-timeout: '0' is not a positive integer"),
     ("--ft-ckpt-dir=relative/dir", "slurm-ft: --ft-ckpt-dir: 'relative/dir' is not an absolute path"),
     ("--ft-spare-nodes=-1", "slurm-ft: --ft-spare-nodes: '-1' is not a non-negative integer"),
+    ("--ft-ckpt-every=AUTO", "slurm-ft: --ft-ckpt-every: 'AUTO' is not a positive integer or 'auto'"),
 ])
 def test_bad_values_are_refused_naming_the_option(lab, arg: str, message: str) -> None:
     before = {j.job_id for j in lab.client().jobs()}
@@ -54,6 +55,12 @@ def test_job_and_its_steps_see_the_values(lab, tmp_path) -> None:
         assert f"batch: SLURM_SPANK_FT_{name}={value}" in lines
         assert f"batch: SLURM_FT_{name}={value}" in lines
         assert f"step: SLURM_FT_{name}={value}" in lines
+
+
+def test_ckpt_every_auto_reaches_the_trainer_setting(lab) -> None:
+    job = submit(lab, "srun -N1 -n1 printenv SLURM_FT_CKPT_EVERY\n", "-N1", "--ft-ckpt-every=auto")
+    wait_job(lab, job, [JobState.COMPLETED], timeout=60)
+    assert output_of(lab, job).strip() == "auto"
 
 
 def test_a_job_without_ft_options_gets_none(lab) -> None:

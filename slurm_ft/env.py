@@ -29,9 +29,10 @@ RESUME_STEP = "RESUME_STEP"    # resume hint: the step to resume from (set by th
 RUN_DIR = "RUN_DIR"            # per-job directory for heartbeats and error files
 EXCLUDED_NODES = "EXCLUDED_NODES"  # hostlist the job must not run on (topology check)
 NO_REQUEUE = "NO_REQUEUE"      # "1" (--ft-no-requeue): restart in place or stop, never requeue
+RESTART_CAUSE = "RESTART_CAUSE"  # why this run is a restart: the failure category (set by the launcher)
 
 JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR,
-                EXCLUDED_NODES, NO_REQUEUE)
+                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE)
 
 # Process-wide settings.
 SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DEFAULT_SITE_CONFIG

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_ft import env as ft_env
+from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.slurm.types import NodeInfo
@@ -219,13 +220,15 @@ class Launcher:
                  classify_fn: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
                  resume_step: int | None = None, probe: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
-                 set_comment: Callable[[str], None] | None = None, requeues: int = 0) -> None:
+                 set_comment: Callable[[str], None] | None = None, requeues: int = 0,
+                 restart_cause: str | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
         self.runner, self.node_states, self.classify_fn = runner, node_states, classify_fn
         self.clock, self.sleep, self.port = clock, sleep, port
         self.resume_step = resume_step
+        self.restart_cause = restart_cause  # why the first attempt is a restart (the requeue's cause), else None
         self.probe, self.set_comment = probe, set_comment
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
@@ -235,6 +238,7 @@ class Launcher:
         self.attempts = 0
         self._last_root: tuple[Any, ...] | None = None
         self._stopping: tuple[str, str, list[str]] = ("unknown", "", [])
+        self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
 
     def run(self) -> int:
         retries_left = self.config.max_restarts
@@ -258,8 +262,10 @@ class Launcher:
                 return self._exit(0, "succeeded")
             self._event("fault_detected", kind=result.outcome.value, time=result.time, exit_code=result.exit_code,
                         hung_ranks=list(result.hung_ranks), attempt=self.attempts)
+            self._failure = (Category.HANG if result.outcome is Outcome.HUNG else Category.UNKNOWN).value
             sick = self._sick(chosen)
             if sick:
+                self._failure = Category.HARDWARE_NODE.value
                 bad |= sick
                 if choose_nodes(self.allocation, wanted=self.wanted, bad=bad) is None:
                     return self._give_up(sick, bad)
@@ -387,6 +393,11 @@ class Launcher:
             env[ft_env.PREFIX + ft_env.RESUME_STEP] = str(self.resume_step)
         else:  # later attempts resume from the newest committed checkpoint
             env.pop(ft_env.PREFIX + ft_env.RESUME_STEP, None)
+        cause = self.restart_cause if self.attempts == 1 else self._failure
+        if cause:
+            env[ft_env.PREFIX + ft_env.RESTART_CAUSE] = cause
+        else:
+            env.pop(ft_env.PREFIX + ft_env.RESTART_CAUSE, None)
         return env
 
     def _recoverable(self) -> bool:
@@ -404,6 +415,7 @@ class Launcher:
             verdict = self.classify_fn(Evidence(errors=tuple(errors), in_allocation=True))
             self._event("verdict", attempt=self.attempts, root_cause_rank=root.rank, verdict=verdict.to_dict())
         category = verdict.category.value if verdict is not None else "unknown"
+        self._failure = category
         evidence = list(verdict.evidence[:2]) if verdict is not None else [
             f"rank {root.rank}: {root.exc_type}: {root.message}"]
         if repeated:  # the same rank failed the same way at the same step again: deterministic, not a fault
@@ -528,7 +540,7 @@ def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> 
 
 
 def _main(args: argparse.Namespace) -> int:
-    from slurm_ft.monitor import parse_resume_step
+    from slurm_ft.monitor import parse_restart_cause, parse_resume_step
     from slurm_ft.slurm.parsers import expand_hostlist
 
     environ = dict(os.environ)
@@ -539,15 +551,11 @@ def _main(args: argparse.Namespace) -> int:
     allocation = expand_hostlist(nodelist)
     _register_with_monitor(config, environ)
     client = _client()
-    resume = ft_env.job_setting(ft_env.RESUME_STEP, environ)
-    resume_step = int(resume) if resume and resume.isdigit() else None
     job_id = environ.get("SLURM_JOB_ID", "")
-    if resume_step is None and client is not None and job_id.isdigit():
-        try:
-            job = client.job(int(job_id))
-            resume_step = parse_resume_step(job.comment) if job is not None else None
-        except SlurmFtError as exc:
-            log.info("no resume hint: %s", exc)
+    comment = _job_comment(client, job_id)
+    resume = ft_env.job_setting(ft_env.RESUME_STEP, environ)
+    resume_step = int(resume) if resume and resume.isdigit() else parse_resume_step(comment)
+    restart_cause = parse_restart_cause(comment)
 
     def node_states() -> dict[str, NodeInfo]:
         return {n.name: n for n in client.nodes()} if client is not None else {}
@@ -565,8 +573,20 @@ def _main(args: argparse.Namespace) -> int:
     requeues = environ.get("SLURM_RESTART_COUNT", "0")
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
-                        requeues=int(requeues) if requeues.isdigit() else 0)
+                        requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause)
     return launcher.run()
+
+
+def _job_comment(client: Any, job_id: str) -> str:
+    """This job's Comment (where the monitor leaves the resume hint and the requeue's cause), or ""."""
+    if client is None or not job_id.isdigit():
+        return ""
+    try:
+        job = client.job(int(job_id))
+    except SlurmFtError as exc:
+        log.info("no resume hint: %s", exc)
+        return ""
+    return job.comment if job is not None else ""
 
 
 def _client():

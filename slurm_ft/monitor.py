@@ -363,6 +363,13 @@ def parse_launcher_stop(comment: str) -> str | None:
     return None
 
 
+def parse_restart_cause(comment: str) -> str | None:
+    """The ``cause=C`` of a slurm-ft requeue Comment (why the job runs again), or None."""
+    if not comment.startswith(f"{COMMENT_TAG} restart="):
+        return None
+    return _comment_words(comment).get("cause") or None
+
+
 def parse_resume_step(comment: str) -> int | None:
     """The ``resume_step=S`` hint from a slurm-ft Comment, or None."""
     if not comment.startswith(COMMENT_TAG):

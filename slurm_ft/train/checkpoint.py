@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from slurm_ft import env
+from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
@@ -59,6 +60,8 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavai
 LOCAL_STATE = "rank_{rank:05d}.pt"
 DCP_METADATA = ".metadata"  # DCP's index of every saved item and where its data lies
 DATALOADER_KEY = "dataloader"
+# Restart causes that say nothing about the failure rate: the job was stopped, not broken.
+NOT_FAILURES = frozenset(c.value for c in (Category.PREEMPTION, Category.TIME_LIMIT, Category.CANCELLED))
 AUTO = "auto"  # CheckpointConfig.every: Young/Daly interval from measured cost and failure rate
 AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training time before a run's first save
 
@@ -476,7 +479,8 @@ class CheckpointManager:
 
     def _restore_interval(self, local: Mapping[str, Any]) -> None:
         """Take the estimator from the resumed checkpoint's local state and count this restart as one failure,
-        unless that checkpoint was an emergency save (preemption, time limit: not a failure).
+        unless it was not one: the launcher's ``SLURM_FT_RESTART_CAUSE`` names a preemption, time limit or
+        cancellation, or, with no cause given, the checkpoint is an emergency save (what those leave behind).
 
         What this cannot see: the run time between that checkpoint and the crash is lost (exposure is only
         known up to the save), which underestimates the MTBF, a conservative bias towards shorter intervals;
@@ -493,7 +497,7 @@ class CheckpointManager:
                 est = AdaptiveInterval.from_dict(saved, self.config.auto_interval)
             except ValueError as exc:
                 log.warning("checkpoint interval state unusable, starting afresh: %s", exc)
-        if not local.get("emergency", False):
+        if _counts_as_failure(env.job_setting(env.RESTART_CAUSE), emergency=bool(local.get("emergency", False))):
             est.observe_failure()
         with self._interval_lock:
             self._interval = est
@@ -651,6 +655,13 @@ class CheckpointManager:
             log.warning("world size changed %d -> %d: resharded; local state from rank 0, RNG states not restored",
                         manifest.world_size, self.world_size)
         return manifest
+
+
+def _counts_as_failure(cause: str | None, *, emergency: bool) -> bool:
+    """Whether a restart for ``cause`` (a failure category; None: not known) counts towards the MTBF."""
+    if cause:
+        return cause not in NOT_FAILURES
+    return not emergency
 
 
 def _phase(result: SaveResult, name: str, since: float) -> float:

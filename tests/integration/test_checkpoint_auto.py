@@ -96,6 +96,26 @@ def test_resume_counts_a_failure_but_not_after_an_emergency_save(tmp_path):
     third.close()
 
 
+@pytest.mark.parametrize(("cause", "emergency", "failures"), [
+    ("preemption", False, 0),  # the emergency save did not make it: the launcher's cause still says preempted
+    ("time_limit", False, 0),
+    ("hardware_node", True, 1),  # an emergency save, but the restart was for a dead node
+    ("", True, 0),  # no cause known: the emergency mark decides
+])
+def test_the_restart_cause_decides_whether_a_resume_counts_a_failure(tmp_path, monkeypatch, cause, emergency,
+                                                                       failures):
+    clock = Clock()
+    first = _manager(tmp_path, clock, prior_mtbf_s=100.0)
+    clock.now += 50.0
+    first._save(5, blocking=True, emergency=emergency)
+    first.close()
+    assert _local_state_of(tmp_path, 5)["emergency"] is emergency
+    monkeypatch.setenv("SLURM_FT_RESTART_CAUSE", cause)
+    second = _manager(tmp_path, clock, prior_mtbf_s=100.0)
+    assert second.resume() == 5 and second.stats["failures"] == failures
+    second.close()
+
+
 def test_a_checkpoint_without_estimator_state_starts_a_fresh_one_with_the_failure(tmp_path):
     plain = _manager(tmp_path, every=2)
     assert plain.maybe_save(2) and "interval_s" not in plain.stats

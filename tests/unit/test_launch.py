@@ -64,7 +64,7 @@ class Runner:
 
 
 def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn=None, probe=None,
-         set_comment=None, **cfg):
+         set_comment=None, restart_cause=None, **cfg):
     clock = Clock()
     config = LaunchConfig(command=("python", "train.py"), run_dir=tmp_path / "run", poll_s=1.0,
                           hang_timeout_s=cfg.pop("hang_timeout_s", 10.0), startup_grace_s=cfg.pop("grace", 5.0),
@@ -74,7 +74,7 @@ def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn
     launcher = Launcher(config, allocation=allocation, environ={"PATH": "/bin"}, runner=runner,
                         node_states=(lambda: states[0]) if states is not None else None, classify_fn=classify_fn,
                         clock=clock, sleep=clock.sleep, port=lambda: next(ports), resume_step=7, probe=probe,
-                        set_comment=set_comment)
+                        set_comment=set_comment, restart_cause=restart_cause)
     return launcher, runner, clock
 
 
@@ -104,6 +104,12 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
 
 
+def test_a_requeued_jobs_first_attempt_carries_the_requeue_cause(tmp_path):
+    launcher, runner, _ = make(tmp_path, [Script(tmp_path / "run")], restart_cause="preemption")
+    assert launcher.run() == 0
+    assert runner.calls[0][1]["SLURM_FT_RESTART_CAUSE"] == "preemption"  # not a failure, for the interval
+
+
 def test_hang_detected_within_timeout_and_killed_then_restarted(tmp_path):
     run = tmp_path / "run"
     hung = Script(run, hang_after=2)
@@ -117,6 +123,8 @@ def test_hang_detected_within_timeout_and_killed_then_restarted(tmp_path):
     assert len(runner.calls) == 2
     assert runner.calls[0][1]["MASTER_PORT"] != runner.calls[1][1]["MASTER_PORT"]  # a fresh port per attempt
     assert "SLURM_FT_RESUME_STEP" not in runner.calls[1][1]  # later attempts resume from the newest checkpoint
+    assert "SLURM_FT_RESTART_CAUSE" not in runner.calls[0][1]  # a first run, not a restart
+    assert runner.calls[1][1]["SLURM_FT_RESTART_CAUSE"] == "hang"  # the trainer counts it as a failure
     assert (run / "attempt-1" / "heartbeat.rank0.json").exists()  # evidence kept aside
 
 

@@ -12,8 +12,8 @@ import pytest
 from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
 from slurm_ft.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.metrics import Metrics, serve
-from slurm_ft.monitor import (FtJob, Monitor, MonitorConfig, parse_resume_step, read_registration,
-                              registry_path, require_actor, write_registration)
+from slurm_ft.monitor import (FtJob, Monitor, MonitorConfig, parse_restart_cause, parse_resume_step,
+                              read_registration, registry_path, require_actor, stop_comment, write_registration)
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
 from slurm_ft.train.records import ErrorRecord, run_dir_for, write_error
 
@@ -143,6 +143,18 @@ def test_recoverable_failure_requeues_with_exclusion_and_resume_hint(state, tmp_
     assert update[3] == ("n2", "n9")
     assert client.calls.index(update) < client.calls.index(("release", 100))
     assert parse_resume_step(client.jobs_by_id[100].comment) == 40
+    assert parse_restart_cause(client.jobs_by_id[100].comment) == "hardware_node"  # what the launcher passes on
+
+
+@pytest.mark.parametrize(("comment", "cause"), [
+    ("slurm-ft: restart=2 resume_step=none cause=preemption", "preemption"),
+    ("slurm-ft: restart=2 resume_step=40 cause=", None),
+    (stop_comment("user_code", "not recoverable", ["rank 0: KeyError"]), None),  # a stop is no restart
+    ("my own comment cause=preemption", None),
+    ("", None),
+])
+def test_restart_cause_is_read_only_from_a_requeue_comment(comment, cause):
+    assert parse_restart_cause(comment) == cause
 
 
 def test_requeue_happens_once_across_polls(state, tmp_path):

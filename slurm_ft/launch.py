@@ -584,7 +584,7 @@ def _job_comment(client: Any, job_id: str) -> str:
     try:
         job = client.job(int(job_id))
     except SlurmFtError as exc:
-        log.info("no resume hint: %s", exc)
+        log.info("job Comment not read (no resume hint or restart cause): %s", exc)
         return ""
     return job.comment if job is not None else ""
 

@@ -48,7 +48,7 @@ from slurm_ft.errors import SlurmFtError
 from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.train import layout, records
 from slurm_ft.train.staging import Stager
-from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point
+from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
 
 __all__ = ["CRASH_POINTS", "TEST_CRASH_AT", "CheckpointConfig", "CheckpointError", "CheckpointManager",
            "FileStorage", "SaveResult", "Storage"]
@@ -704,8 +704,7 @@ def _metadata_problems(reader: dcp.StorageReader, manifest: layout.Manifest) -> 
         chunks = item.chunks if isinstance(item, TensorStorageMetadata) else [None]
         if any(MetadataIndex(fqn, None if c is None else c.offsets) not in stored for c in chunks):
             unstored.append(fqn)
-    problems = [f"{DCP_METADATA}: no stored data for {len(unstored)} items ({', '.join(unstored[:3])}"
-                f"{', ...' if len(unstored) > 3 else ''})"] if unstored else []
+    problems = [f"{DCP_METADATA}: no stored data for {len(unstored)} items ({first_few(unstored)})"] if unstored else []
     files = {getattr(info, "relative_path", None) for info in stored.values()} - {None}
     unlisted = sorted(files - set(manifest.files))
     if unlisted:

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,6 +35,11 @@ def crash_point(name: str, step: int | None = None) -> None:
     if wanted is not None and wanted in (name, f"{name}@{step}"):
         log.warning("TEST-ONLY crash point %s reached: SIGKILL", name)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def first_few(names: Sequence[str], most: int = 3) -> str:
+    """``a, b, c, ...``: the first ``most`` names, for an error line that stays one line."""
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 class Storage(Protocol):
@@ -155,8 +160,7 @@ class HashingWriter(dcp.FileSystemWriter):
         unwritten = [item.index.fqn for item in plan.items if item.index not in written]
         if self.fs.failures or unwritten:
             why = "; ".join(self.fs.failures) or "no error reported"
-            raise OSError(f"{len(unwritten)} of {len(plan.items)} items not written "
-                          f"({', '.join(unwritten[:3])}{', ...' if len(unwritten) > 3 else ''}): {why}")
+            raise OSError(f"{len(unwritten)} of {len(plan.items)} items not written ({first_few(unwritten)}): {why}")
         return future
 
     def finish(self, metadata: Any, results: Any) -> None:

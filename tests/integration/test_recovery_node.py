@@ -32,6 +32,7 @@ from labutil import cancel, jobs_dir, lab_env, output_of, submit, wait_for, wait
 
 from slurm_ft import config as ft_config
 from slurm_ft.faults import crash_node, signal_rank
+from slurm_ft.monitor import parse_resume_step
 from slurm_ft.train.records import read_heartbeats
 
 pytestmark = pytest.mark.lab
@@ -140,6 +141,24 @@ def _restore(lab, monitor: MonitorThread, node: str) -> None:
              message=f"{node} back in service")
 
 
+def _requeued_once(lab, job_id: int, timeout: float, message: str):
+    """The job once slurm-ft's first requeue Comment is on it, and the resume step that Comment names."""
+    requeued = wait_for(lambda: (j := lab.client().job(job_id)) and j.restart_count == 1
+                        and j.comment.startswith("slurm-ft: restart=1") and j, timeout, message=message)
+    resume_step = parse_resume_step(requeued.comment)
+    assert resume_step is not None, requeued.comment
+    return requeued, resume_step
+
+
+def _completed_elsewhere(lab, job_id: int, victim: str, resume_step: int, reference_sha: str) -> None:
+    """The requeued job finished off ``victim``, resumed from ``resume_step``, with the reference parameters."""
+    done = wait_job(lab, job_id, TERMINAL, timeout=240)
+    assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
+    assert victim not in done.nodes and done.restart_count == 1
+    result = _result(output_of(lab, job_id))
+    assert result["resumed_from"] == resume_step and result["param_sha256"] == reference_sha
+
+
 def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha):
     ckpt = _fresh_dir(lab, "ck-spare-")
     run_dir = ckpt / ".slurm-ft"
@@ -195,22 +214,13 @@ def test_node_death_ends_node_fail_and_the_job_resumes_elsewhere(lab, reference_
             crashed_at = _wait_step(run_dir, 9, attempt=1, timeout=120)  # meanwhile the monitor saw it running
             victim = job.nodes[0]  # the batch host: the launcher dies with it
             crash_node(lab, victim)
-            requeued = wait_for(lambda: (j := lab.client().job(job_id)) and j.restart_count == 1
-                                and j.comment.startswith("slurm-ft: restart=1") and j, 90,
-                                message="Slurm's requeue adopted by the monitor")
+            requeued, resume_step = _requeued_once(lab, job_id, 90, "Slurm's requeue adopted by the monitor")
             assert victim in requeued.excluded_nodes
             assert "cause=hardware_node" in requeued.comment
-            resume_step = int(requeued.comment.split("resume_step=")[1].split()[0])
             assert crashed_at - resume_step <= EVERY
             assert monitor.quarantine.is_quarantined(victim)
             assert next(n for n in lab.client().nodes() if n.name == victim).reason.startswith("slurm-ft:")
-
-            done = wait_job(lab, job_id, TERMINAL, timeout=240)
-            assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
-            assert victim not in done.nodes and done.restart_count == 1
-            result = _result(output_of(lab, job_id))
-            assert result["resumed_from"] == resume_step
-            assert result["param_sha256"] == reference_sha
+            _completed_elsewhere(lab, job_id, victim, resume_step, reference_sha)
         finally:
             cancel(lab, job_id)
             if victim is not None:
@@ -231,18 +241,10 @@ def test_batch_host_death_under_no_kill_is_requeued_by_the_monitor(lab, referenc
             victim = job.batch_host  # the launcher dies with it; Slurm keeps the job on the other two nodes
             assert victim == job.nodes[0]
             crash_node(lab, victim)
-            requeued = wait_for(lambda: (j := lab.client().job(job_id)) and j.restart_count == 1
-                                and j.comment.startswith("slurm-ft: restart=1") and j, 120,
-                                message="the orphaned job requeued by the monitor")
+            requeued, resume_step = _requeued_once(lab, job_id, 120, "the orphaned job requeued by the monitor")
             assert victim in requeued.excluded_nodes and "cause=hardware_node" in requeued.comment
-            resume_step = int(requeued.comment.split("resume_step=")[1].split()[0])
             assert crashed_at - resume_step <= EVERY
-
-            done = wait_job(lab, job_id, TERMINAL, timeout=240)
-            assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
-            assert victim not in done.nodes and done.restart_count == 1
-            result = _result(output_of(lab, job_id))
-            assert result["resumed_from"] == resume_step and result["param_sha256"] == reference_sha
+            _completed_elsewhere(lab, job_id, victim, resume_step, reference_sha)
         finally:
             cancel(lab, job_id)
             if victim is not None:

@@ -20,3 +20,9 @@ class SlurmCommandError(SlurmFtError):
     """A Slurm command failed; the message carries the command and its stderr."""
 
     exit_code = 3
+
+
+class SlurmFormatError(SlurmFtError, ValueError):
+    """Slurm's output is not in the shape slurm-ft reads; the message names the Slurm version, format and field."""
+
+    exit_code = 3

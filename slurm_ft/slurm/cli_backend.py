@@ -1,13 +1,22 @@
-"""The CLI backend: reads with one ``squeue --json`` / ``sinfo --json`` per poll, acts with ``scontrol``."""
+"""The CLI backend: reads with one ``squeue --json`` / ``sinfo --json`` per poll, acts with ``scontrol``.
+
+The running Slurm's version is asked once per client (``scontrol --version``); it picks the JSON generation
+(``formats.for_version``): 22.05's openapi v0.0.38, or ``--json=v0.0.42`` pinned on 24.11 and later.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
 
-from slurm_ft.slurm import parsers
+import logging
+
+from slurm_ft.errors import SlurmCommandError
+from slurm_ft.slurm import formats, parsers
 from slurm_ft.slurm.runner import CommandResult, Runner, merged_env, run_command
 from slurm_ft.slurm.types import JobInfo, NodeInfo
+
+log = logging.getLogger(__name__)
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*$")
 
@@ -22,21 +31,34 @@ class CliSlurmClient:
         self._env = dict(env or {})
         self._runner = runner
         self._timeout = timeout
+        self._version: str | None = None
+        self._format: formats.JsonFormat | None = None
 
     # --- reads: one call each -----------------------------------------------------------------------------------
     def jobs(self) -> list[JobInfo]:
-        return parsers.parse_squeue_json(self._run(["squeue", "--all", "--json"]).stdout)
+        fmt = self.json_format()
+        return fmt.parse_jobs(self._read(fmt, fmt.squeue_args), self.version())
 
     def job(self, job_id: int) -> JobInfo | None:
         wanted = _job_id(job_id)
         return next((j for j in self.jobs() if j.job_id == wanted), None)
 
     def nodes(self) -> list[NodeInfo]:
-        return parsers.parse_sinfo_json(self._run(["sinfo", "--all", "--json"]).stdout)
+        fmt = self.json_format()
+        return fmt.parse_nodes(self._read(fmt, fmt.sinfo_args), self.version())
 
     def version(self) -> str:
-        """The Slurm version the tools report (``22.05.8``)."""
-        return parsers.parse_version(self._run(["scontrol", "--version"]).stdout)
+        """The Slurm version the tools report (``22.05.8``), asked once per client."""
+        if self._version is None:
+            self._version = parsers.parse_version(self._run(["scontrol", "--version"]).stdout)
+        return self._version
+
+    def json_format(self) -> formats.JsonFormat:
+        """The JSON generation this client reads (chosen once, from ``version()``)."""
+        if self._format is None:
+            self._format = formats.for_version(self.version())
+            log.debug("Slurm %s: JSON %s", self._version, self._format.name)
+        return self._format
 
     # --- actions ------------------------------------------------------------------------------------------------
     def drain(self, node: str, reason: str) -> None:
@@ -65,6 +87,22 @@ class CliSlurmClient:
             self._scontrol("update", f"JobId={_job_id(job_id)}", *fields)
 
     # --- plumbing -----------------------------------------------------------------------------------------------
+    def _read(self, fmt: formats.JsonFormat, argv: Sequence[str]) -> str:
+        """``argv``'s output; a pinned format the release no longer ships falls back once to its newest."""
+        result = self._runner(argv, env=merged_env(self._env), timeout=self._timeout)
+        if result.returncode == 0 or fmt is not formats.V0042 or "data_parser" not in result.stderr:
+            return result.check().stdout
+        listing = self._run(["squeue", "--json=list"])
+        newest = formats.newest_listed(listing.stdout + listing.stderr)
+        if newest is None:
+            raise SlurmCommandError(f"Slurm {self.version()} offers no --json={fmt.name} and lists no "
+                                    f"data_parser: {result.stderr.strip()[-200:]}")
+        log.warning("Slurm %s lacks --json=%s; reading %s with the %s adapter", self.version(), fmt.name, newest,
+                    fmt.name)
+        self._format = formats.with_version(fmt, newest)
+        return self._run(list(self._format.squeue_args if argv == fmt.squeue_args
+                              else self._format.sinfo_args)).stdout
+
     def _scontrol(self, *args: str) -> None:
         self._run(["scontrol", *args])
 

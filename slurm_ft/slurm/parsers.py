@@ -1,8 +1,10 @@
 """Pure parsers for Slurm output: ``squeue --json``, ``sinfo --json``, ``scontrol show`` text, hostlists.
 
-No subprocess and no clock here; every function takes text and returns plain records. The JSON parsers read the
-22.05 format (openapi v0.0.38) and tolerate the later shapes (state lists, ``{"set", "number"}`` numbers,
-structured exit codes), so a newer Slurm degrades gracefully instead of crashing the monitor.
+No subprocess and no clock here; every function takes text and returns plain records. ``parse_squeue_json`` and
+``parse_sinfo_json`` are the adapter for 22.05's JSON (openapi v0.0.38); ``json_v0042`` is the one for 24.11 and
+later, and shares the record readers below (they accept both generations' value shapes: state lists,
+``{"set", "number"}`` numbers, structured exit codes). A document without the list slurm-ft reads is a
+``SlurmFormatError``, never an empty result.
 """
 
 from __future__ import annotations
@@ -13,22 +15,25 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slurm_ft.errors import SlurmFormatError
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
 
 # --- squeue / sinfo --json --------------------------------------------------------------------------------------
 
 
-def parse_squeue_json(text: str) -> list[JobInfo]:
-    """Every job in one ``squeue --json`` document."""
-    data = _load(text, "squeue --json")
-    return [parse_job_record(record) for record in _records(data, "jobs", "squeue --json")]
+def parse_squeue_json(text: str, slurm_version: str = "22.05") -> list[JobInfo]:
+    """Every job in one ``squeue --json`` document (openapi v0.0.38)."""
+    what = f"Slurm {slurm_version} squeue --json"
+    data = load_json_document(text, what, "jobs")
+    return [parse_job_record(record) for record in record_list(data, "jobs", what)]
 
 
-def parse_sinfo_json(text: str) -> list[NodeInfo]:
-    """Every node in one ``sinfo --json`` document (a node listed under several partitions appears once)."""
-    data = _load(text, "sinfo --json")
+def parse_sinfo_json(text: str, slurm_version: str = "22.05") -> list[NodeInfo]:
+    """Every node in one ``sinfo --json`` document (openapi v0.0.38; a node in several partitions appears once)."""
+    what = f"Slurm {slurm_version} sinfo --json"
+    data = load_json_document(text, what, "nodes")
     nodes: dict[str, NodeInfo] = {}
-    for record in _records(data, "nodes", "sinfo --json"):
+    for record in record_list(data, "nodes", what):
         node = parse_node_record(record)
         nodes.setdefault(node.name, node)
     return list(nodes.values())
@@ -37,7 +42,7 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
 def parse_job_record(job: Mapping[str, Any]) -> JobInfo:
     """One job object of ``squeue --json``."""
     if "job_id" not in job:
-        raise ValueError(f"squeue --json: job record without job_id: {sorted(job)[:8]}")
+        raise SlurmFormatError(f"squeue --json: job record without job_id: {sorted(job)[:8]}")
     state = JobState.parse(_first_state(job.get("job_state")))
     exit_code, exit_signal = (decode_exit(job.get("exit_code")) if _has_ended(state) else (None, None))
     user_id = _number(job.get("user_id"))
@@ -67,7 +72,7 @@ def parse_job_record(job: Mapping[str, Any]) -> JobInfo:
 def parse_node_record(node: Mapping[str, Any]) -> NodeInfo:
     """One node object of ``sinfo --json``: base state plus flags, upper case (``IDLE``, ``DRAIN`` ...)."""
     if "name" not in node:
-        raise ValueError(f"sinfo --json: node record without name: {sorted(node)[:8]}")
+        raise SlurmFormatError(f"sinfo --json: node record without name: {sorted(node)[:8]}")
     raw = node.get("state")
     states = list(raw) if isinstance(raw, list) else [raw]
     states += list(node.get("state_flags") or [])
@@ -149,23 +154,27 @@ def _number(value: Any) -> int | None:
         return None
 
 
-def _load(text: str, what: str) -> dict[str, Any]:
+def load_json_document(text: str, what: str, key: str) -> dict[str, Any]:
+    """The JSON object of one Slurm ``--json`` document, which must hold the list ``key``."""
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{what}: output is not JSON ({exc})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise SlurmFormatError(f"{what}: output is not JSON ({exc})") from exc
     if not isinstance(data, dict):
-        raise ValueError(f"{what}: expected a JSON object, got {type(data).__name__}")
+        raise SlurmFormatError(f"{what}: expected a JSON object, got {type(data).__name__}")
     errors = [e for e in data.get("errors") or [] if e]
-    if errors and not data.get("jobs") and not data.get("nodes"):
-        raise ValueError(f"{what}: Slurm reported errors: {errors}")
+    if errors and not data.get(key):
+        raise SlurmFormatError(f"{what}: Slurm reported errors: {errors}")
+    if key not in data:
+        raise SlurmFormatError(f"{what}: no {key!r} list (top-level fields: {sorted(data)[:8]}); "
+                               "not the JSON generation this adapter reads")
     return data
 
 
-def _records(data: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
+def record_list(data: Mapping[str, Any], key: str, what: str) -> list[Mapping[str, Any]]:
     records = data.get(key, [])
     if not isinstance(records, list) or not all(isinstance(r, Mapping) for r in records):
-        raise ValueError(f"{what}: {key!r} must be a list of objects")
+        raise SlurmFormatError(f"{what}: {key!r} must be a list of objects")
     return records
 
 

@@ -44,25 +44,28 @@ def test_is_a_slurm_client(runner):
     assert isinstance(CliSlurmClient(runner=runner), SlurmClient)
 
 
+VERSION_CALL = ("scontrol", "--version")  # once per client: it picks the JSON generation
+
+
 def test_jobs_is_one_squeue_call_with_env(runner):
     client = CliSlurmClient(env={"SLURM_CONF": "/lab/slurm.conf"}, runner=runner)
     jobs = client.jobs()
     assert [j.job_id for j in jobs] == [7, 8] and jobs[1].exit_code == 1
-    assert _argv(runner) == [("squeue", "--all", "--json")]
-    assert runner.calls[0][1]["SLURM_CONF"] == "/lab/slurm.conf"
-    assert "PATH" in runner.calls[0][1]  # overrides go on top of os.environ
+    assert _argv(runner) == [VERSION_CALL, ("squeue", "--all", "--json")]
+    assert runner.calls[1][1]["SLURM_CONF"] == "/lab/slurm.conf"
+    assert "PATH" in runner.calls[1][1]  # overrides go on top of os.environ
 
 
 def test_job_filters_the_batched_read(runner):
     client = CliSlurmClient(runner=runner)
     assert client.job(8).state is JobState.FAILED
     assert client.job(99) is None
-    assert _argv(runner) == [("squeue", "--all", "--json")] * 2
+    assert _argv(runner) == [VERSION_CALL] + [("squeue", "--all", "--json")] * 2
 
 
 def test_nodes_is_one_sinfo_call(runner):
     assert [n.name for n in CliSlurmClient(runner=runner).nodes()] == ["n1"]
-    assert _argv(runner) == [("sinfo", "--all", "--json")]
+    assert _argv(runner) == [VERSION_CALL, ("sinfo", "--all", "--json")]
 
 
 def test_actions_pass_argument_lists(runner):

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.errors import ConfigError, SlurmFtError
+from slurm_ft.slurm import headers
+from slurm_ft.slurm.parsers import parse_version
 
 PLUGIN_NAME = "slurm_ft_spank.so"
 WRAPPERS = {"prolog": "prolog/slurm-ft-prolog.in", "epilog": "epilog/slurm-ft-epilog.in",
@@ -61,9 +63,11 @@ class InstallConfig:
     edit: bool = False
     test_mode: bool = False  # TEST-ONLY: the lab's recorded-NVML injection (see health/checks.py)
     source: Path = Path(__file__).resolve().parents[1]
+    slurm_include: Path | None = None  # None: the headers of the Slurm first on PATH (slurm_ft.slurm.headers)
 
     def __post_init__(self) -> None:
-        for name in ("prefix", "config_dir", "state_dir", "slurm_conf", "plugstack", "systemd_dir", "source"):
+        for name in ("prefix", "config_dir", "state_dir", "slurm_conf", "plugstack", "systemd_dir", "source",
+                     "slurm_include"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -247,17 +251,40 @@ def edit_plugstack(text: str, line: str) -> tuple[str, bool]:
 # --- side effects ----------------------------------------------------------------------------------------
 
 
-def build_plugin(source: Path, out_dir: Path) -> Path:
-    """``make -C <source>/spank OUT=<out_dir>``; the built plugin's path. Needs a C compiler and slurm headers."""
+def plugin_headers(explicit: Path | None) -> Path:
+    """The include dir to build the plugin with: the running Slurm's headers, checked against its version."""
+    try:
+        include_dir = headers.find_include_dir(explicit)
+        running = running_slurm_version()
+        headers.check_matches(include_dir, running)
+    except ConfigError as exc:
+        raise AdminError(str(exc)) from exc
+    return include_dir
+
+
+def running_slurm_version() -> str:
+    """``slurmd -V`` of the Slurm first on PATH: the daemon that will load the plugin (``-V`` needs no config)."""
+    slurmd = headers.find_program("slurmd")
+    if slurmd is None:
+        raise AdminError("no slurmd on PATH or in /usr/sbin: put the Slurm the plugin is for first on PATH")
+    done = subprocess.run([slurmd, "-V"], capture_output=True, text=True, timeout=30,  # noqa: S603
+                          check=False, stdin=subprocess.DEVNULL)
+    try:
+        return parse_version(done.stdout or done.stderr)
+    except ValueError as exc:
+        raise AdminError(f"{slurmd} -V: {exc}") from exc
+
+
+def build_plugin(source: Path, out_dir: Path, include_dir: Path) -> Path:
+    """``make -C <source>/spank OUT=<out_dir> SLURM_INCLUDE=<include_dir>``; the built plugin's path."""
     makefile = source / "spank" / "Makefile"
     if not makefile.is_file():
         raise AdminError(f"no {makefile}: admin install needs the slurm-ft source tree (spank/, prolog/, epilog/)")
     if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
         raise AdminError("building the SPANK plugin needs make and a C compiler: apt-get install -y build-essential")
-    if not Path("/usr/include/slurm/spank.h").exists():
-        raise AdminError("building the SPANK plugin needs /usr/include/slurm/spank.h: apt-get install -y libslurm-dev")
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    done = subprocess.run(["make", "-s", "-C", str(source / "spank"), f"OUT={out_dir}"],  # noqa: S603
+    done = subprocess.run(["make", "-s", "-B", "-C", str(source / "spank"), f"OUT={out_dir}",  # noqa: S603
+                           f"SLURM_INCLUDE={include_dir}"],
                           capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         output = (done.stderr or done.stdout).strip()[-800:]
@@ -314,7 +341,8 @@ def install(cfg: InstallConfig, *, dry_run: bool = False, rewrite_config: bool =
     if dry_run:
         result.notes.append("dry run: nothing written")
         return result
-    build_plugin(cfg.source, cfg.lib_dir)
+    include_dir = plugin_headers(cfg.slurm_include)
+    build_plugin(cfg.source, cfg.lib_dir, include_dir)
     result.written.append(str(cfg.plugin_path))
     for kind, path in templates.items():
         _write(cfg.wrapper(kind), render_wrapper(path.read_text(), python=cfg.python, config=cfg.config_path),
@@ -365,14 +393,8 @@ def lab_install(lab_dir: Path, *, slurm_user: str) -> list[str]:
     install(cfg, rewrite_config=True)
     (lab_dir / "test-nvml").mkdir(exist_ok=True, mode=0o755)
     _write(cfg.plugstack_path, plugstack_line(cfg) + "\n", 0o644, result)
-    settings = slurm_conf_settings(cfg)
-    # Slurm keeps the last of repeated keys, so this line replaces the lab's own SchedulerParameters:
-    # it repeats the lab's value (slurm_ft/lab/slurmconf.py) with slurm-ft's flag merged in.
-    settings["SchedulerParameters"] = ",".join((*LAB_SCHEDULER_PARAMETERS, *MERGED_FLAGS["SchedulerParameters"]))
-    return [f"{k}={v}" for k, v in settings.items()]
-
-
-LAB_SCHEDULER_PARAMETERS = ("bf_interval=5",)  # what slurm_ft/lab/slurmconf.py sets
+    # SchedulerParameters/PrologFlags are merged into the lab's own lines by slurm_ft.lab.slurmconf.
+    return [f"{k}={v}" for k, v in slurm_conf_settings(cfg).items()]
 
 
 # --- CLI -------------------------------------------------------------------------------------------------
@@ -394,6 +416,9 @@ def register(subparsers: Any, name: str) -> None:
     inst.add_argument("--systemd-dir", type=Path, default=Path("/etc/systemd/system"), help="for the monitor unit")
     inst.add_argument("--no-systemd", action="store_true", help="do not write the monitor unit")
     inst.add_argument("--slurm-user", default="slurm", help="Slurm's SlurmUser (may change quarantine)")
+    inst.add_argument("--slurm-include", type=Path,
+                      help="Slurm's include dir to build the SPANK plugin with (default: the headers of the Slurm "
+                           "first on PATH, <prefix>/include, else pkg-config slurm, else /usr/include)")
     inst.add_argument("--dry-run", action="store_true", help="print what is needed, write nothing")
     inst.add_argument("--json", action="store_true", help="print the result as JSON")
     inst.set_defaults(func=_install_cmd)
@@ -408,7 +433,8 @@ def _install_cmd(args: argparse.Namespace) -> int:
                         slurm_conf=args.slurm_conf.absolute() if args.slurm_conf else None,
                         plugstack=args.plugstack.absolute() if args.plugstack else None,
                         systemd_dir=None if args.no_systemd else args.systemd_dir.absolute(),
-                        slurm_user=args.slurm_user, edit=args.edit)
+                        slurm_user=args.slurm_user, edit=args.edit,
+                        slurm_include=args.slurm_include.absolute() if args.slurm_include else None)
     if not args.dry_run and os.geteuid() != 0:
         raise AdminError("admin install writes root-run hooks: run it as root (or use --dry-run)", exit_code=77)
     result = install(cfg, dry_run=args.dry_run)

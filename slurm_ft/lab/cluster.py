@@ -25,6 +25,7 @@ from slurm_ft.errors import SlurmFtError
 from slurm_ft.lab import ports, procs, slurmconf
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
 from slurm_ft.slurm.cli_backend import CliSlurmClient
+from slurm_ft.slurm.parsers import parse_version
 from slurm_ft.slurm.runner import run_command
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
@@ -235,7 +236,7 @@ class LabCluster:
             node_ports=tuple(base + 1 + i for i in range(count)), cpus_per_node=self.config.cpus_per_node,
             memory_mb=self.config.memory_mb, slurm_user=self.config.slurm_user,
             slurmd_timeout=self.config.slurmd_timeout, min_job_age=self.config.min_job_age,
-            munge_socket_dir=self._munge_socket_dir(),
+            munge_socket_dir=self._munge_socket_dir(), slurm_version=daemon_version(),
         )
 
     def _munge_socket_dir(self) -> Path:
@@ -482,6 +483,15 @@ def _program(name: str) -> str:
     """Absolute path of a daemon (``/usr/sbin`` is often not on a user's PATH)."""
     found = shutil.which(name) or (f"/usr/sbin/{name}" if Path("/usr/sbin", name).exists() else None)
     return found or name
+
+
+def daemon_version() -> str:
+    """The version of the slurmctld the lab would start (the first on PATH): ``slurmctld -V`` -> ``25.11.7``."""
+    done = run_command([_program("slurmctld"), "-V"], timeout=30)
+    try:
+        return parse_version(done.stdout or done.stderr)
+    except ValueError as exc:
+        raise LabError(f"slurmctld -V: {exc}") from exc
 
 
 def munged_argv(layout: LabLayout) -> list[str]:

@@ -47,10 +47,10 @@ def test_default_dir_precedence(monkeypatch, tmp_path):
     assert default_lab_dir() == tmp_path / "state" / "slurm-ft" / "lab"
 
 
-def _layout(tmp_path, nodes=3):
+def _layout(tmp_path, nodes=3, slurm_version="22.05.8"):
     return LabLayout(dir=tmp_path, cluster_name="lababc", hostname="host1", ctld_port=21000,
                      node_ports=tuple(21001 + i for i in range(nodes)), cpus_per_node=2, memory_mb=1000,
-                     slurm_user="root", slurmd_timeout=10, min_job_age=300)
+                     slurm_user="root", slurmd_timeout=10, min_job_age=300, slurm_version=slurm_version)
 
 
 def test_rendered_conf_has_what_fault_tests_rely_on(tmp_path):
@@ -69,13 +69,23 @@ def test_rendered_conf_has_what_fault_tests_rely_on(tmp_path):
     assert "PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP" in lines
 
 
-def test_extra_lines_replace_generated_parameters(tmp_path):
-    conf = render_slurm_conf(_layout(tmp_path), ["schedulerparameters=bf_interval=5,nohold_on_prolog_fail",
-                                                 "NodeName=extra CPUs=1"])
+def test_extra_lines_replace_generated_parameters_and_merge_comma_lists(tmp_path):
+    conf = render_slurm_conf(_layout(tmp_path), ["schedulerparameters=nohold_on_prolog_fail,bf_interval=5",
+                                                 "MinJobAge=30", "NodeName=extra CPUs=1"])
     lines = conf.splitlines()
     assert [line for line in lines if line.lower().startswith("schedulerparameters")] == [
-        "schedulerparameters=bf_interval=5,nohold_on_prolog_fail"]
+        "SchedulerParameters=bf_interval=5,nohold_on_prolog_fail"]
+    assert [line for line in lines if line.startswith("MinJobAge")] == ["MinJobAge=30"]
     assert sum(line.startswith("NodeName=") for line in lines) == 4  # node lines are never replaced
+
+
+def test_requeue_delay_is_the_credential_lifetime_before_25_11_and_its_own_setting_since(tmp_path):
+    old = render_slurm_conf(_layout(tmp_path, slurm_version="22.05.8"), ["SchedulerParameters=x"]).splitlines()
+    assert f"AuthInfo=socket={tmp_path}/munge/munge.socket,cred_expire=30" in old
+    assert "SchedulerParameters=bf_interval=5,x" in old
+    new = render_slurm_conf(_layout(tmp_path, slurm_version="25.11.7"), ["SchedulerParameters=x"]).splitlines()
+    assert f"AuthInfo=socket={tmp_path}/munge/munge.socket" in new  # Slurm's default credential lifetime
+    assert "SchedulerParameters=bf_interval=5,requeue_delay=30,x" in new
 
 
 def test_rendering_is_deterministic(tmp_path):

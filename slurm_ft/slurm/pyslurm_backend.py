@@ -2,8 +2,8 @@
 
 pyslurm builds only against the Slurm release it is versioned for (pyslurm 25.11 needs Slurm 25.11), so this
 backend is picked only when pyslurm imports and matches the running Slurm (see ``slurm_ft.slurm.backend``).
-NOT exercised against a real pyslurm here (the lab runs Slurm 22.05): the unit tests check the mapping against a
-stand-in module that follows pyslurm's documented API; the contract suite runs it wherever pyslurm is usable.
+The contract suite (tests/integration/test_slurm_client.py) runs it against the real 25.11 lab in CI; the unit
+tests check the mapping against a stand-in module.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class PyslurmClient:
         return [node_from_pyslurm(node) for node in loaded.values()]
 
     def version(self) -> str:
-        return str(getattr(self._py, "__version__", "") or self._py.version())
+        """The running slurmctld's version (``25.11.7``), not pyslurm's own ``__version__`` (``25.11.2``)."""
+        config = self._call("load config", lambda: self._py.slurmctld.Config.load())
+        return parsers.parse_version(str(getattr(config, "version", "") or ""))
 
     # --- actions ----------------------------------------------------------------------------------------------
     def drain(self, node: str, reason: str) -> None:
@@ -61,13 +63,20 @@ class PyslurmClient:
         changes: dict[str, Any] = {}
         if comment is not None:
             changes["comment"] = comment
-        if excluded_nodes is not None:
+        if excluded_nodes == ():  # pyslurm reads "" as "unchanged": only scontrol can clear the list
+            self._clear_excluded(job_id)
+        elif excluded_nodes is not None:
             changes["excluded_nodes"] = parsers.compress_hostlist(excluded_nodes)
         if changes:
             description = self._py.JobSubmitDescription(**changes)
             self._call(f"update job {job_id}", lambda: self._py.Job(job_id).modify(description))
 
     # --- plumbing ---------------------------------------------------------------------------------------------
+    def _clear_excluded(self, job_id: int) -> None:
+        from slurm_ft.slurm.cli_backend import CliSlurmClient
+
+        CliSlurmClient().update_job(job_id, excluded_nodes=())
+
     def _modify_node(self, node: str, **changes: str) -> None:
         self._call(f"update node {node}", lambda: self._py.Node(node).modify(self._py.Node(**changes)))
 

@@ -52,7 +52,7 @@ class FakeDescription:
         self.values = values
 
 
-def fake_pyslurm(version="25.11.0", fail=False):
+def fake_pyslurm(version="25.11.2", fail=False, daemon="25.11.7"):
     jobs = {
         5: FakeJob(5, name="train", user_id=1000, state="RUNNING", state_reason="None", allocated_nodes="n[1-2]",
                    batch_host="n1", exit_code=0, exit_code_signal=0, requeue_count=1, comment="c", excluded_nodes="n4",
@@ -72,7 +72,13 @@ def fake_pyslurm(version="25.11.0", fail=False):
     return types.SimpleNamespace(
         __version__=version, Job=FakeJob, Node=FakeNode, JobSubmitDescription=FakeDescription,
         Jobs=types.SimpleNamespace(load=load(jobs)), Nodes=types.SimpleNamespace(load=load(nodes)),
+        slurmctld=types.SimpleNamespace(Config=types.SimpleNamespace(
+            load=load(types.SimpleNamespace(version=daemon)))),
     )
+
+
+def test_version_is_the_running_daemons_not_pyslurms():
+    assert PyslurmClient(fake_pyslurm(version="25.11.2", daemon="25.11.7")).version() == "25.11.7"
 
 
 def test_reads_map_to_records():

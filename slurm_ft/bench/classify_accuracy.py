@@ -113,10 +113,10 @@ def outcomes(cases: Sequence, rules: Rules | None = None) -> list[Outcome]:
 def render(score: Score) -> str:
     """Accuracy lines, the confusion matrix (rows: expected, columns: predicted) and the confidence buckets."""
     met = lambda x: "met" if x >= GOAL else "NOT met"  # noqa: E731
+    cat, rec = score.category_accuracy, score.recoverable_accuracy
     lines = [f"{score.label}: {score.n} cases",
-             f"  category accuracy    {score.category_accuracy:6.1%}  (goal {GOAL:.0%}: {met(score.category_accuracy)})",
-             f"  recoverable accuracy {score.recoverable_accuracy:6.1%}  (goal {GOAL:.0%}: "
-             f"{met(score.recoverable_accuracy)})"]
+             f"  category accuracy    {cat:6.1%}  (goal {GOAL:.0%}: {met(cat)})",
+             f"  recoverable accuracy {rec:6.1%}  (goal {GOAL:.0%}: {met(rec)})"]
     lines += ["  confusion (rows expected, columns predicted):"] + ["    " + row for row in _matrix(score)]
     lines.append("  confidence bucket   cases  category right")
     lines += [f"    {b:<16} {n:>5}  {a:6.1%}" if n else f"    {b:<16} {n:>5}       -" for b, n, a in score.buckets()]

@@ -1,4 +1,4 @@
-"""The real-failure corpus (issue 18): its shape, its fixed split, and the verdict of every case rules were written from.
+"""The real-failure corpus (issue 18): its shape, its fixed split, and the verdict of each case rules came from.
 
 Held-back cases are not asserted here: `slurm-ft bench classify` measures them, as an independent check.
 """
@@ -25,7 +25,7 @@ RULES_PART = [c for c in CASES if not is_held_back(c, HELD)]
 
 _THIN = "only a launcher's or peer's report reached the thread: the classifier rightly says unknown"
 _NCCL_SYSTEM = "'unhandled system error' stays network (requeue): a wrong stop loses a job, a wrong requeue one try"
-_DETERMINISTIC_HANG = "a deterministic hang looks like any watchdog timeout at first sight (the crash-loop check stops it)"
+_DETERMINISTIC_HANG = "a deterministic hang looks like any watchdog timeout at first (the crash-loop check stops it)"
 # Cases of the rules part that the classifier gets wrong, each with why; strict: a fix must move it out of here.
 KNOWN_MISSES = {
     "client_socket_timeout_big_dataset": "a store timeout reads the same whether rank 0 was slow (here) or unreachable",
@@ -54,7 +54,8 @@ def test_corpus_size_sources_and_labels():
     assert len(CASES) >= 150
     assert sum(c.source["loudest_is_secondary"] for c in CASES) >= 40
     for case in CASES:
-        assert case.source["url"].startswith("https://") and case.source["site"] and case.source["root_cause"], case.name
+        source = case.source
+        assert source["url"].startswith("https://") and source["site"] and source["root_cause"], case.name
         assert Category(case.expect["category"]) and isinstance(case.expect["recoverable"], bool), case.name
     assert len({c.source["url"] for c in CASES}) == len(CASES)
 

@@ -1,9 +1,11 @@
-"""Classifier corpus cases and the throughput benchmark (verdicts per second on one core).
+"""Classifier corpus cases, the accuracy benchmark and the throughput benchmark.
 
 A corpus case is one TOML file: the inputs of one failure plus the verdict expected of it
-(format in ``tests/data/corpus/README.md``). ``run()`` times ``classify`` over a mixed corpus and, side by
-side in the same run, the reference scan (every regex on every line), so the printed ratio is robust to a
-noisy machine.
+(format in ``tests/data/corpus/README.md``; real failures with their ``[source]`` in
+``tests/data/corpus_real/README.md``). ``main()`` (``slurm-ft bench classify``) measures accuracy on the real
+corpus, for the whole of it and for its held-back third separately. ``run()`` times ``classify`` over a mixed
+corpus and, side by side in the same run, the reference scan (every regex on every line), so the printed ratio
+is robust to a noisy machine (``slurm-ft bench classify --speed``).
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-_TOP = {"description", "in_allocation", "job", "log", "error", "xid", "node_event", "nvml", "expect"}
+_TOP = {"description", "in_allocation", "job", "log", "error", "xid", "node_event", "nvml", "expect", "source"}
 _JOB = {"state", "reason", "exit_code", "signal", "nodes"}
 _LOG = {"rank", "node", "on", "kind", "text"}
 _NODE_EVENT = {"name", "state", "reason"}
 _EXPECT = {"category", "action", "recoverable", "nodes", "ranks", "evidence_contains", "min_confidence",
            "max_confidence"}
+_SOURCE = {"url", "site", "root_cause", "loudest_is_secondary"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,6 +42,7 @@ class Case:
     description: str
     evidence: Evidence
     expect: dict[str, Any]
+    source: dict[str, Any] = dataclasses.field(default_factory=dict)  # real cases: url, site, root_cause, ...
 
 
 def load_case(path: Path) -> Case:
@@ -78,10 +82,13 @@ def _case(name: str, data: dict[str, Any]) -> Case:
                                reason=entry.get("reason", "")))
     expect = data["expect"]
     _known(expect, _EXPECT, "[expect]")
+    origin = data.get("source", {})
+    _known(origin, _SOURCE, "[source]")
     evidence = Evidence(job=job, nodes=tuple(nodes), nvml=tuple(snapshot_from_dict(s) for s in data.get("nvml", [])),
                         kmsg=tuple(XidEvent(**x) for x in data.get("xid", [])), errors=tuple(errors),
                         logs=tuple(logs), in_allocation=bool(data.get("in_allocation", False)))
-    return Case(name=name, description=str(data.get("description", "")), evidence=evidence, expect=expect)
+    return Case(name=name, description=str(data.get("description", "")), evidence=evidence, expect=expect,
+                source=origin)
 
 
 def _known(table: dict[str, Any], keys: set[str], where: str) -> None:
@@ -149,3 +156,72 @@ def run(corpus_dir: Path, *, seconds: float = 2.0, rules: Rules | None = None) -
         "verdicts_timed": n_fast + n_slow,
         "mismatching_cases": wrong,
     }
+
+
+# ---- accuracy (``slurm-ft bench classify``) ----------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REAL_CORPUS = REPO_ROOT / "tests" / "data" / "corpus_real"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Accuracy on the real corpus, whole and held-back third; ``--speed`` runs the throughput benchmark instead."""
+    import argparse
+    import json
+
+    from slurm_ft.bench import classify_accuracy as acc
+
+    parser = argparse.ArgumentParser(prog="slurm-ft bench classify", description=main.__doc__)
+    parser.add_argument("--corpus", type=Path, default=REAL_CORPUS / "cases", help="directory of case TOML files")
+    parser.add_argument("--held-back", type=Path, default=REAL_CORPUS / "held_back.txt",
+                        help="file naming the held-back sites, one per line")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--wrong", action="store_true",
+                        help="also list the wrong answers of the part rules are written from (never the held-back)")
+    parser.add_argument("--speed", action="store_true", help="verdicts per second instead (bench/bench_classify.py)")
+    args, rest = parser.parse_known_args(argv)
+    if args.speed:
+        return _speed(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if not args.corpus.is_dir():
+        parser.error(f"--corpus {str(args.corpus)!r}: not a directory (the corpus ships with the source tree)")
+    try:
+        held = acc.load_held_back(args.held_back)
+        cases = load_corpus(args.corpus)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not cases:
+        parser.error(f"--corpus {str(args.corpus)!r}: no cases (*.toml)")
+    rules = default_rules()
+    outcomes = {o.name: o for o in acc.outcomes(cases, rules)}
+    scores = [acc.Score("whole corpus", tuple(outcomes.values())),
+              acc.Score("held-back third", tuple(outcomes[c.name] for c in cases if acc.is_held_back(c, held))),
+              acc.Score("rules written from", tuple(outcomes[c.name] for c in cases if not acc.is_held_back(c, held)))]
+    if args.json:
+        print(json.dumps({"scores": [s.to_dict() for s in scores], "goal": acc.GOAL}))
+        return 0
+    print("\n\n".join(acc.render(s) for s in scores))
+    if args.wrong:
+        print("\nwrong answers outside the held-back third (expected -> got):")
+        for o in (outcomes[c.name] for c in cases if not acc.is_held_back(c, held)):
+            if not (o.category_ok and o.recoverable_ok):
+                print(f"  {o.name}: {o.want_category}/{o.want_recoverable} -> {o.got_category}/{o.got_recoverable}"
+                      f" ({o.confidence:.2f})")
+    return 0
+
+
+def _speed(argv: list[str]) -> int:
+    import runpy
+
+    script = REPO_ROOT / "bench" / "bench_classify.py"
+    if not script.is_file():
+        raise SystemExit(f"bench classify --speed: {script} is not in this build (a source checkout has it)")
+    saved, sys.argv = sys.argv, [str(script), *argv]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0

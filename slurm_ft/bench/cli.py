@@ -26,7 +26,8 @@ DELEGATED = {
     "lab": ("slurm_ft.bench.lab", None, "recovery, checkpoint overhead and ETTR on the lab cluster vs baselines"),
     "checkpoint": ("slurm_ft.bench.checkpoint_bench", "bench_checkpoint.py",
                    "checkpoint stall and throughput vs raw disk and memcpy"),
-    "classify": ("slurm_ft.bench.classify_bench", "bench_classify.py", "classifier verdicts per second"),
+    "classify": ("slurm_ft.bench.classify_bench", "bench_classify.py",
+                 "classifier accuracy on real failures (--speed: verdicts per second)"),
 }
 
 

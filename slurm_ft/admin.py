@@ -134,11 +134,14 @@ def plugstack_line(cfg: InstallConfig) -> str:
     return f"required {cfg.plugin_path}"
 
 
-def render_wrapper(template: str, *, python: str, config: Path) -> str:
-    """A wrapper script from its template: the interpreter in the shebang, the config path as a literal."""
-    if "@PYTHON@" not in template or "@CONFIG@" not in template:
-        raise AdminError("wrapper template lacks @PYTHON@ or @CONFIG@")
-    return template.replace("@PYTHON@", python).replace("@CONFIG@", json.dumps(str(config)))
+def render_wrapper(template: str, *, python: str, config: Path, slurm_bin: Path) -> str:
+    """A wrapper script from its template: the interpreter in the shebang, the config path and the Slurm
+    commands' directory as literals."""
+    for mark in ("@PYTHON@", "@CONFIG@", "@SLURM_BIN@"):
+        if mark not in template:
+            raise AdminError(f"wrapper template lacks {mark}")
+    return (template.replace("@PYTHON@", python).replace("@CONFIG@", json.dumps(str(config)))
+            .replace("@SLURM_BIN@", json.dumps(str(slurm_bin))))
 
 
 def render_site_config(cfg: InstallConfig) -> str:
@@ -262,6 +265,14 @@ def plugin_headers(explicit: Path | None) -> Path:
     return include_dir
 
 
+def slurm_bin_dir() -> Path:
+    """Where the Slurm commands (scontrol, sinfo) of the Slurm first on PATH live; the hooks put it first on PATH."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        raise AdminError("no scontrol on PATH: put the Slurm slurm-ft is installed for first on PATH")
+    return Path(scontrol).parent
+
+
 def running_slurm_version() -> str:
     """``slurmd -V`` of the Slurm first on PATH: the daemon that will load the plugin (``-V`` needs no config)."""
     slurmd = headers.find_program("slurmd")
@@ -344,9 +355,10 @@ def install(cfg: InstallConfig, *, dry_run: bool = False, rewrite_config: bool =
     include_dir = plugin_headers(cfg.slurm_include)
     build_plugin(cfg.source, cfg.lib_dir, include_dir)
     result.written.append(str(cfg.plugin_path))
+    slurm_bin = slurm_bin_dir()
     for kind, path in templates.items():
-        _write(cfg.wrapper(kind), render_wrapper(path.read_text(), python=cfg.python, config=cfg.config_path),
-               0o755, result)
+        _write(cfg.wrapper(kind), render_wrapper(path.read_text(), python=cfg.python, config=cfg.config_path,
+                                                 slurm_bin=slurm_bin), 0o755, result)
     if cfg.config_path.exists() and not rewrite_config:
         result.kept.append(str(cfg.config_path))
     else:

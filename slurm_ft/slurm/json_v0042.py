@@ -22,6 +22,9 @@ SQUEUE_ARGS = ("squeue", "--all", "--states=all", f"--json={VERSION}")  # --stat
 SINFO_ARGS = ("sinfo", "--all", "--Node", f"--json={VERSION}")  # --Node: one entry per node (and partition)
 
 
+OUT_OF_SERVICE = frozenset({"DOWN", "DRAIN", "FAIL", "INVALID_REG"})
+
+
 def parse_squeue(text: str, slurm_version: str) -> list[JobInfo]:
     """Every job in one ``squeue --json=v0.0.42`` document."""
     what = _what("squeue", slurm_version)
@@ -55,6 +58,8 @@ def _nodes_of(entry: Mapping[str, Any], what: str) -> list[NodeInfo]:
     reason = entry.get("reason") or {}
     text = str(reason.get("description") or "") if isinstance(reason, Mapping) else str(reason)
     states = frozenset(str(s).strip().upper() for s in state if s)
+    if not states & OUT_OF_SERVICE:
+        text = ""  # 25.11 keeps a resumed node's last reason; like `sinfo -R`, only an out-of-service node has one
     return [NodeInfo(name=str(name), state=states, reason=text) for name in names]
 
 

@@ -56,10 +56,23 @@ def test_plugstack_edit() -> None:
 
 def test_wrapper_quotes_the_config_path() -> None:
     text = render_wrapper((ROOT / "prolog" / "slurm-ft-prolog.in").read_text(), python="/usr/bin/python3",
-                          config=Path('/etc/odd"name/config.toml'))
+                          config=Path('/etc/odd"name/config.toml'), slurm_bin=Path("/usr/bin"))
     assert text.startswith("#!/usr/bin/python3 -I\n")
     compile(text, "wrapper", "exec")
     assert '"/etc/odd\\"name/config.toml"' in text
+
+
+@pytest.mark.parametrize("kind", ["prolog/slurm-ft-prolog.in", "prolog/slurm-ft-healthcheck.in",
+                                  "epilog/slurm-ft-epilog.in"])
+def test_wrappers_put_the_installed_slurms_commands_first_on_path(kind, tmp_path) -> None:
+    """slurmd runs hooks with its own PATH, where a 22.05 scontrol could answer for a 25.11 cluster (and fail)."""
+    text = render_wrapper((ROOT / kind).read_text(), python="/usr/bin/python3", config=tmp_path / "c.toml",
+                          slurm_bin=Path("/opt/slurm-25.11/bin"))
+    head = text.split("from slurm_ft.hooks import main")[0]
+    scope = {"__name__": "wrapper"}
+    env = {"PATH": "/usr/bin"}
+    exec(compile(head.replace("os.environ", "ENV"), kind, "exec"), {**scope, "ENV": env})  # noqa: S102
+    assert env["PATH"].split(":")[0] == "/opt/slurm-25.11/bin"
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -43,6 +43,16 @@ def test_recorded_sinfo_25_11_one_record_per_node_with_its_own_reason():
     assert nodes["n1"].reason == ""
 
 
+def test_a_resumed_nodes_stale_reason_is_not_its_reason():
+    """25.11 keeps the last reason after State=RESUME; the quarantine must not read it as a live drain."""
+    entry = {"nodes": {"nodes": ["n1"]}, "node": {"state": ["IDLE"]},
+             "reason": {"description": "slurm-ft: hardware_gpu: Xid 79", "time": 1, "user": "root"}}
+    drained = {**entry, "node": {"state": ["IDLE", "DRAIN"]}}
+    (resumed,) = json_v0042.parse_sinfo(json.dumps({"sinfo": [entry]}), "25.11.7")
+    (still,) = json_v0042.parse_sinfo(json.dumps({"sinfo": [drained]}), "25.11.7")
+    assert resumed.reason == "" and still.reason == "slurm-ft: hardware_gpu: Xid 79"
+
+
 def test_the_22_05_adapter_finds_nothing_it_reads_in_25_11_json_and_says_so():
     """Before the v0.0.42 adapter, 25.11's JSON gave an empty node list: the lab and the monitor saw nothing."""
     with pytest.raises(SlurmFormatError, match=r"Slurm 25.11.7 sinfo --json: no 'nodes' list"):

@@ -309,9 +309,16 @@ def judge_prolog(facts: PrologFacts, settings: Settings) -> list[Finding]:
     return findings
 
 
+_COMMENT_MAX = 400
+# Checks of what the job names (its checkpoint dir): the job's word, so they fail the job, never the node.
+JOB_SIDE_CHECKS = frozenset({"space"})
+
+
 def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
     facts = gather_prolog(ctx, settings, deps)
     findings = judge_prolog(facts, settings)
+    node_findings = [f for f in findings if f.check not in JOB_SIDE_CHECKS]
+    job_findings = [f for f in findings if f.check in JOB_SIDE_CHECKS]
     label = f"slurm-ft prolog job={ctx.job_id} node={ctx.node}"
     for note in facts.notes:
         deps.log(f"{label}: note: {note}")
@@ -319,16 +326,37 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
         if ctx.settings.get(env.ENABLED) == "1":
             _write_json(settings.registry_path(ctx.job_id), _registration(ctx), deps)
         _write_json(settings.prolog_record_path(ctx.job_id, ctx.node), {
-            "job_id": ctx.job_id, "node": ctx.node, "time": facts.time, "passed": not findings,
-            "findings": [f.to_dict() for f in findings], "notes": list(facts.notes)}, deps)
-    if not findings:
-        deps.log(f"{label}: ok")
+            "job_id": ctx.job_id, "node": ctx.node, "time": facts.time, "passed": not node_findings,
+            "findings": [f.to_dict() for f in node_findings], "job_findings": [f.to_dict() for f in job_findings],
+            "notes": list(facts.notes)}, deps)
+    for finding in job_findings:
+        deps.log(f"{label}: JOB FAIL {finding.category.value}: {finding.evidence} (the job's own path: "
+                 "the job is stopped, the node stays in service)")
+    if not node_findings:
+        if job_findings:
+            _stop_job(ctx, job_findings, deps, label)
+        else:
+            deps.log(f"{label}: ok")
         return 0
-    for finding in findings:
+    for finding in node_findings:
         deps.log(f"{label}: FAIL {finding.category.value}: {finding.evidence}")
     if not facts.quarantined:
-        _quarantine_node(ctx, findings, settings, deps, source="prolog")
+        _quarantine_node(ctx, node_findings, settings, deps, source="prolog")
     return PROLOG_FAILED
+
+
+def _stop_job(ctx: JobContext, findings: list[Finding], deps: Deps, label: str) -> None:
+    """Stop the job (not the node) for a problem with what it named: its Comment says why, then scancel."""
+    if ctx.job_id is None:
+        return
+    first = findings[0]
+    reason = f"slurm-ft: stop cause={first.category.value}: {first.evidence}"[:_COMMENT_MAX]
+    try:
+        client = deps.client()
+        client.update_job(ctx.job_id, comment=reason)
+        client.cancel(ctx.job_id)
+    except SlurmFtError as exc:
+        deps.log(f"{label}: could not stop the job: {exc}")
 
 
 def _registration(ctx: JobContext) -> dict[str, Any]:

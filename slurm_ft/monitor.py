@@ -301,7 +301,7 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
     """Pure: the verdict, the launcher's word (the job's Comment), the restart budget and checkpoint progress
     -> requeue or stop."""
     category = verdict.category.value
-    culprits = tuple(verdict.culprit.nodes)
+    culprits = struck_nodes(verdict, job)
     if not verdict.recoverable or verdict.action in (Action.STOP, Action.NONE):
         return Decision(requeue=False, category=category, reason="not recoverable", resume_step=resume_step)
     launcher_stop = parse_launcher_stop(job.comment)
@@ -318,9 +318,15 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
         return Decision(requeue=False, category=category,
                         reason=f"crash loop: no checkpoint progress since the last restart (step {resume_step})",
                         resume_step=resume_step)
-    exclude = tuple(n for n in parse_bad_nodes(job.comment) if n in job.nodes and n not in culprits)
+    said = (*verdict.culprit.nodes, *parse_bad_nodes(job.comment))  # the job's word: off this job's own nodes only
+    exclude = tuple(dict.fromkeys(n for n in said if n in job.nodes and n not in culprits))
     return Decision(requeue=True, category=category, reason="recoverable", culprits=culprits,
                     resume_step=resume_step, exclude=exclude)
+
+
+def struck_nodes(verdict: Verdict, job: JobInfo) -> tuple[str, ...]:
+    """The culprit nodes that get a quarantine strike: named by their own evidence, and nodes of this job."""
+    return tuple(n for n in verdict.attested_nodes if n in verdict.culprit.nodes and (not job.nodes or n in job.nodes))
 
 
 def launcher_lost(job: JobInfo) -> bool:
@@ -484,7 +490,7 @@ class Monitor:
         self.metrics.failure(verdict.category.value)
         resume_step = latest_step(ft.ckpt_dir)
         decision = Decision(requeue=True, category=verdict.category.value, reason="requeued by Slurm",
-                            culprits=tuple(sorted(set(verdict.culprit.nodes) | dead)), resume_step=resume_step)
+                            culprits=tuple(sorted(set(struck_nodes(verdict, ended)) | dead)), resume_step=resume_step)
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
                   "comment": requeue_comment(job.restart_count, resume_step, decision.category),
                   "resume_step": resume_step}

@@ -493,14 +493,24 @@ def _verdict(top: Finding, deciding: list[Finding], secondaries: list[Finding], 
     else:
         recoverable = policy.recoverable
     blamed = [f for f in deciding if f.rule.blame] if blame else []
-    nodes = tuple(sorted({f.node for f in blamed if f.node}))
+    job_nodes = frozenset(evidence.job.nodes) if evidence.job is not None else frozenset()
+    # A node named by the job's word (an error file's host, a log line) is a culprit only if it is one of the
+    # job's own nodes; only a node named by its own evidence may be struck (``attested_nodes``).
+    nodes = tuple(sorted({f.node for f in blamed if f.node and (f.kind in NODE_EVIDENCE_KINDS or not job_nodes
+                                                                 or f.node in job_nodes)}))
+    attested = tuple(sorted({f.node for f in blamed if f.node and f.kind in NODE_EVIDENCE_KINDS}))
     ranks = tuple(sorted({f.rank for f in blamed if f.rank is not None}))
     lines = _evidence_lines(deciding or [top], overruled, secondaries, rules.limits.max_evidence)
     if action is Action.REQUEUE_EXCLUDE and not nodes:
         action = Action.REQUEUE
         lines.append("no node to exclude: plain requeue")
     return Verdict(category=category, recoverable=recoverable, action=action, culprit=Culprit(nodes=nodes, ranks=ranks),
-                   evidence=tuple(lines), confidence=round(confidence, 3))
+                   evidence=tuple(lines), confidence=round(confidence, 3), attested_nodes=attested)
+
+
+# Finding kinds that are the node's own evidence, gathered by root: Slurm's node state, NVML, Xids and the kernel
+# log read on the node. "error" and "log" findings are the job's word.
+NODE_EVIDENCE_KINDS = frozenset({"node", "nvml", "xid", "kmsg"})
 
 
 def _evidence_lines(deciding: list[Finding], overruled: list[Finding], secondaries: list[Finding],

@@ -57,6 +57,10 @@ class Verdict:
     culprit: Culprit = Culprit()
     evidence: tuple[str, ...] = ()
     confidence: float = 0.5
+    # The culprit nodes whose blame rests on the node's own evidence (NVML, kernel log, Slurm's node state): only
+    # these may be struck or drained. Other culprit nodes come from the job's word (its error files and logs) and
+    # may only keep this job off them (design.md, Trust).
+    attested_nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.confidence <= 1.0:

@@ -99,3 +99,16 @@ def test_bad_node_fails_the_prolog_is_drained_and_the_job_runs_elsewhere(lab) ->
     assert back.reason == "", back
     listed = json.loads(quarantine_cli(lab, "list", "--json").stdout)
     assert {r["node"]: r["state"] for r in listed}[victim] == "healthy"
+
+
+def test_an_unusable_checkpoint_dir_stops_the_job_and_drains_no_node(lab) -> None:
+    """Issue 16: one `sbatch --ft-ckpt-dir=/proc/...` drained every node in turn (prolog exit 1, requeue, next)."""
+    client = lab.client()
+    drained_before = {n.name for n in client.nodes() if n.drained}
+    job = submit(lab, "sleep 1\n", "-N1", "--ft-ckpt-dir=/proc/nonexistent/ckpt")
+    info = wait_job(lab, job, [JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED], timeout=60)
+    assert info.state is JobState.CANCELLED and info.restart_count == 0
+    assert info.comment.startswith("slurm-ft: stop cause=storage: checkpoint dir /proc"), info.comment
+    assert {n.name for n in client.nodes() if n.drained} == drained_before
+    record = prolog_record(lab, job, info.nodes[0])
+    assert record["passed"] is True and record["job_findings"][0]["check"] == "space"

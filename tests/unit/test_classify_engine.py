@@ -151,3 +151,24 @@ def test_nvml_thresholds_follow_the_rules():
     assert classify(ev).category is Category.UNKNOWN  # aggregate and temperature limits are off by default
     rules = dataclasses.replace(default_rules(), nvml=dataclasses.replace(default_rules().nvml, temperature_max_c=95))
     assert classify(ev, rules).category is Category.HARDWARE_GPU
+
+
+def test_error_files_naming_other_nodes_blame_none_of_them_and_attest_nothing():
+    """Issue 16: a job on n1 wrote error files with "host": n2/n3/n4 and an ECC message; n2-n4 were drained."""
+    ecc = "CUDA error: uncorrectable ECC error encountered"
+    forged = tuple(ErrorRecord(rank=r, time=1.0 + r, exc_type="RuntimeError", message=ecc, host=f"n{r + 2}")
+                   for r in range(3))
+    v = classify(Evidence(job=JobEnd(state="FAILED", exit_code=1, nodes=("n1",)), errors=forged))
+    assert not set(v.culprit.nodes) & {"n2", "n3", "n4"}
+    assert v.attested_nodes == ()
+
+
+def test_a_log_line_naming_a_node_is_the_jobs_word_even_for_its_own_node():
+    logs = (LogTail(source=0, text="slurmstepd: error: *** JOB 7 ON n1 CANCELLED DUE TO NODE FAILURE, node n1"),)
+    v = classify(Evidence(job=JobEnd(state="FAILED", exit_code=1, nodes=("n1", "n2")), logs=logs))
+    assert v.attested_nodes == ()
+
+
+def test_the_nodes_own_evidence_is_attested():
+    v = classify(Evidence(job=JobEnd(state="FAILED", nodes=("n1", "n2")), kmsg=(XidEvent(node="n2", xid=79),)))
+    assert v.culprit.nodes == ("n2",) and v.attested_nodes == ("n2",)

@@ -37,6 +37,12 @@ class FakeSlurm:
         self.calls.append(("resume", node))
         self.info[node] = NodeInfo(name=node, state=frozenset({"IDLE"}))
 
+    def update_job(self, job_id: int, *, comment: str | None = None, excluded_nodes=None) -> None:
+        self.calls.append(("update_job", job_id, comment))
+
+    def cancel(self, job_id: int) -> None:
+        self.calls.append(("cancel", job_id))
+
 
 class Env:
     """A site config in a temp dir, the injected side effects, and helpers to run a hook."""
@@ -171,10 +177,29 @@ class _StatVfs:
     f_bavail, f_frsize = 100, 4096  # 400 KiB free
 
 
-def test_low_space_in_the_checkpoint_dir_fails(lab: Env, tmp_path: Path) -> None:
+def test_low_space_in_the_checkpoint_dir_stops_the_job_and_never_drains_the_node(lab: Env, tmp_path: Path) -> None:
+    """The checkpoint dir is the job's word: a typo or a full shared filesystem must not drain every node."""
     lab.statvfs = lambda path: _StatVfs()
+    assert lab.run("prolog", job_env(SPANK_FT_CKPT_DIR=str(tmp_path / "ckpt"))) == 0
+    reason = f"slurm-ft: stop cause=storage: checkpoint dir {tmp_path}/ckpt: 0.0 GiB free < 1 GiB"
+    assert lab.slurm.calls == [("update_job", 7, reason), ("cancel", 7)]
+    assert not lab.quarantine().is_quarantined("n1")
+    record = json.loads((lab.state / "prolog" / "7" / "n1.json").read_text())
+    assert record["passed"] is True and record["job_findings"][0]["check"] == "space"
+    assert any("JOB FAIL storage" in line and "node stays in service" in line for line in lab.lines)
+
+
+def test_a_checkpoint_dir_under_proc_stops_the_job_not_the_node(lab: Env) -> None:
+    assert lab.run("prolog", job_env(SPANK_FT_CKPT_DIR="/proc/nonexistent/ckpt")) == 0
+    assert [c[0] for c in lab.slurm.calls] == ["update_job", "cancel"] and "drain" not in str(lab.slurm.calls)
+
+
+def test_a_bad_gpu_and_a_bad_checkpoint_dir_drain_the_node_for_the_gpu_only(lab: Env, tmp_path: Path) -> None:
+    lab.statvfs = lambda path: _StatVfs()
+    lab.mark_bad("n1")
     assert lab.run("prolog", job_env(SPANK_FT_CKPT_DIR=str(tmp_path / "ckpt"))) == 1
-    assert lab.slurm.calls[0][2] == f"slurm-ft: storage: checkpoint dir {tmp_path}/ckpt: 0.0 GiB free < 1 GiB"
+    assert lab.quarantine().record("n1").category == "hardware_gpu"
+    assert "storage" not in lab.quarantine().record("n1").reason
 
 
 def test_a_hung_probe_fails_in_bounded_time(lab: Env) -> None:

@@ -74,9 +74,12 @@ class FakeClient:
         return sum(1 for c in self.calls if c[0] == name)
 
 
-def verdict(category=Category.HARDWARE_NODE, recoverable=True, action=Action.REQUEUE_EXCLUDE, nodes=("n2",)):
+def verdict(category=Category.HARDWARE_NODE, recoverable=True, action=Action.REQUEUE_EXCLUDE, nodes=("n2",),
+            attested=None):
+    """By default the culprit nodes are named by their own evidence (Slurm's node state)."""
     return Verdict(category=category, recoverable=recoverable, action=action, culprit=Culprit(nodes=nodes),
-                   evidence=("node n2 NOT_RESPONDING",), confidence=0.9)
+                   evidence=("node n2 NOT_RESPONDING",), confidence=0.9,
+                   attested_nodes=nodes if attested is None else attested)
 
 
 def failed(job_id=100, **kw):
@@ -321,6 +324,26 @@ def test_culprits_get_a_quarantine_strike(state, tmp_path):
 
     make(state, FakeClient([failed()]), quarantine=FakeQuarantine()).poll_once()
     assert strikes == [("n2", Category.HARDWARE_NODE, 100)]
+
+
+def test_nodes_named_only_by_the_jobs_word_are_excluded_from_it_never_struck(state, tmp_path):
+    """Issue 16: forged error files ("host": "n3") drained nodes the job never ran on."""
+    register_job(state, tmp_path)
+    strikes = []
+
+    class FakeQuarantine:
+        def strike(self, node, category, evidence, job_id=None):
+            strikes.append(node)
+            return "suspect"
+
+        def list(self):
+            return []
+
+    word = verdict(category=Category.HARDWARE_GPU, nodes=("n2", "n3"), attested=())
+    client = FakeClient([failed(state=JobState.FAILED)])
+    make(state, client, fn=lambda ev: word, quarantine=FakeQuarantine()).poll_once()
+    assert strikes == []
+    assert client.jobs_by_id[100].excluded_nodes == ("n2",)  # its own node, off this job only; n3 never ran it
 
 
 def test_recovery_time_observed_when_running_again(state, tmp_path):

@@ -269,7 +269,11 @@ def gather_prolog(ctx: JobContext, settings: Settings, deps: Deps, *, with_job: 
 
 
 def _quarantine_check(node: str, settings: Settings, deps: Deps, notes: list[str]) -> tuple[str | None, str]:
-    """The store's reason if ``node`` is quarantined (after reconciling with Slurm), else None."""
+    """The store's reason if ``node`` is quarantined (after reconciling with Slurm), else None. A corrupt store
+    is logged loudly and skipped: it neither opens the gate for a bad GPU (the node's own checks still run) nor
+    drains anything by itself."""
+    from slurm_ft.quarantine import StoreCorrupt
+
     if not settings.hooks.use_quarantine_store:
         return None, ""
     if not settings.db_path.exists():
@@ -283,6 +287,9 @@ def _quarantine_check(node: str, settings: Settings, deps: Deps, notes: list[str
         quarantine.client = deps.client()  # rare path: let Slurm's view win (an admin may have resumed it)
         notes.extend(quarantine.reconcile())
         record = quarantine.record(node)
+    except StoreCorrupt as exc:
+        deps.log(f"slurm-ft prolog node={node}: ERROR {exc}")
+        return None, ""
     except SlurmFtError as exc:
         notes.append(f"quarantine check failed: {exc}")
         return None, ""

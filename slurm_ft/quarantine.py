@@ -159,6 +159,17 @@ CREATE INDEX IF NOT EXISTS history_by_node ON history (node, time);
 """
 
 
+class StoreCorrupt(SlurmFtError):
+    """The quarantine store is not a readable database. The node's own checks still decide; nothing is drained
+    because of it. The message says how to repair it."""
+
+    def __init__(self, path: Path, exc: BaseException) -> None:
+        super().__init__(f"quarantine store {str(path)!r} is unreadable ({exc}): quarantine decisions are off "
+                         f"until it is repaired; the node's own health checks still decide. Repair: "
+                         f"mv {path} {path}.corrupt (slurm-ft starts a new store; re-add quarantined nodes with "
+                         "`slurm-ft quarantine add`)")
+
+
 class QuarantineStore:
     """The SQLite file. Each operation opens a short connection (fork- and thread-safe), WAL, busy timeout."""
 
@@ -187,6 +198,10 @@ class QuarantineStore:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):
+                raise SlurmFtError(f"quarantine store {str(self.path)!r}: {exc}") from exc
+            raise StoreCorrupt(self.path, exc) from exc
         except sqlite3.Error as exc:
             raise SlurmFtError(f"quarantine store {str(self.path)!r}: {exc}") from exc
         finally:
@@ -204,6 +219,8 @@ class QuarantineStore:
                 raise SlurmFtError(f"quarantine store {str(self.path)!r}: {exc}") from exc
             uri = f"file:{self.path}?mode=ro&immutable=1"
             return sqlite3.connect(uri, uri=True, timeout=self._timeout, isolation_level=None)
+        except sqlite3.DatabaseError as exc:  # not a database at all: corrupt, truncated, overwritten
+            raise StoreCorrupt(self.path, exc) from exc
 
     def _initialise(self, conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA journal_mode = WAL")

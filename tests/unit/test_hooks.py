@@ -298,3 +298,15 @@ def test_bounded() -> None:
     assert bounded(lambda: 5, 1, "x") == (5, None)
     assert bounded(lambda: 1 / 0, 1, "x") == (None, "x failed: ZeroDivisionError: division by zero")
     assert bounded(lambda: time.sleep(5), 0.05, "sleep") == (None, "sleep timed out after 0.05 s")
+
+
+def test_a_corrupt_quarantine_store_keeps_the_gate_on_and_drains_nothing_by_itself(lab: Env) -> None:
+    """Issue 16: random bytes in quarantine.db made the prolog print 'internal error, passing' on a bad GPU."""
+    lab.state.mkdir(parents=True, exist_ok=True)
+    (lab.state / "quarantine.db").write_bytes(os.urandom(4096))
+    assert lab.run("prolog", job_env(node="n2")) == 0  # healthy node: passes, nothing drained
+    assert lab.slurm.calls == []
+    assert any("ERROR quarantine store" in line and "Repair: mv" in line for line in lab.lines)
+    lab.mark_bad("n1")
+    assert lab.run("prolog", job_env(node="n1")) == 1  # the bad GPU is still refused
+    assert not any("internal error" in line for line in lab.lines)

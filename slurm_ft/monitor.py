@@ -329,6 +329,14 @@ def struck_nodes(verdict: Verdict, job: JobInfo) -> tuple[str, ...]:
     return tuple(n for n in verdict.attested_nodes if n in verdict.culprit.nodes and (not job.nodes or n in job.nodes))
 
 
+MAX_BACKOFF_S = 60.0
+
+
+def backoff_s(interval: float, failures: int) -> float:
+    """The pause before the next poll: the interval, doubled per consecutive failed poll, at most a minute."""
+    return min(interval * 2 ** min(failures, 16), max(interval, MAX_BACKOFF_S))
+
+
 def launcher_lost(job: JobInfo) -> bool:
     """A running job whose batch host is no longer among its nodes: Slurm removed the failed node from a
     ``--no-kill`` job, and the batch script (slurm-ft's launcher) with it."""
@@ -422,12 +430,19 @@ class Monitor:
         return acted
 
     def run(self, *, stop: Callable[[], bool] = lambda: False, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Poll until ``stop``. One bad poll (slurmctld restarting, a malformed record) is logged and retried with
+        a growing pause; only a broken invariant of the monitor's own state (its SQLite database) ends it."""
+        failures = 0
         while not stop():
             try:
                 self.poll_once()
-            except SlurmFtError as exc:  # Slurm unreachable for one poll: try again next time
-                self._event("poll_error", error=str(exc))
-            sleep(self.config.poll_interval_s)
+                failures = 0
+            except sqlite3.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a daemon survives one bad poll
+                failures += 1
+                self._event("poll_error", error=f"{type(exc).__name__}: {exc}", failures=failures)
+            sleep(backoff_s(self.config.poll_interval_s, failures))
 
     def close(self) -> None:
         self.db.close()
@@ -683,6 +698,28 @@ def _slurm_user() -> str | None:
     return parse_slurm_user(out.stdout)
 
 
+LOCK_NAME = "monitor.lock"
+
+
+def single_instance(state_dir: Path) -> Any:
+    """An exclusive lock on ``<state_dir>/monitor.lock``: a second monitor on the same state refuses to start."""
+    import fcntl
+
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    handle = open(state_dir / LOCK_NAME, "a+")  # noqa: SIM115 - kept open: the lock lives as long as the process
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        raise SlurmFtError(f"another slurm-ft monitor holds {state_dir / LOCK_NAME}: one monitor per state dir",
+                           exit_code=75) from exc
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 def require_actor(dry_run: bool, *, euid: int | None = None,
                   slurm_user: Callable[[], str | None] = _slurm_user) -> None:
     """Acting (requeue, drain) needs root or the SlurmUser; --dry-run needs nothing."""
@@ -703,6 +740,7 @@ def _main(args: argparse.Namespace) -> int:
     site = ft_config.load_site_config(args.config)
     config = config_from_args(args, site)
     require_actor(config.dry_run)
+    lock = single_instance(Path(config.state_dir))  # held until the process exits
     client = make_client()
     quarantine = None if config.dry_run else Quarantine(
         QuarantineStore(default_db_path(config.state_dir)), site.build("quarantine", QuarantineConfig), client=client)

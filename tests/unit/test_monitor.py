@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sqlite3
 import os
 import urllib.request
 
@@ -596,3 +597,43 @@ def test_a_refused_requeue_of_a_job_that_lost_its_batch_host_is_retried(state, t
     assert client.count("requeue") == 0 and client.jobs_by_id[100].state is JobState.RUNNING
     mon.poll_once()  # still RUNNING at the same count: it never happened, so it is tried again
     assert client.count("requeue") == 1 and client.jobs_by_id[100].restart_count == 1
+
+
+def test_the_monitor_survives_any_error_of_one_poll_and_backs_off(state, tmp_path, caplog):
+    """Issue 16: a ValueError from one poll (a bad hostlist, slurmctld restarting) ended the daemon."""
+    register_job(state, tmp_path)
+    client = FakeClient([failed()])
+    real_jobs = client.jobs
+    errors = iter([ValueError("hostlist 'n[1-': unbalanced '['"), KeyError("job_id")])
+
+    def flaky_jobs():
+        err = next(errors, None)
+        if err is not None:
+            raise err
+        return real_jobs()
+
+    client.jobs = flaky_jobs
+    pauses, polls = [], iter(range(3))
+    monitor = make(state, client)
+    with caplog.at_level("INFO", logger="slurm_ft.monitor"):
+        monitor.run(stop=lambda: next(polls, None) is None, sleep=pauses.append)
+    assert pauses == [2, 4, 1]  # 1 s interval, doubled per failed poll, back to normal after a good one
+    assert ("requeue", 100, True) in client.calls
+    assert sum(json.loads(r.getMessage())["event"] == "poll_error" for r in caplog.records) == 2
+
+
+def test_a_broken_monitor_database_ends_the_monitor(state, tmp_path):
+    client = FakeClient([])
+    client.jobs = lambda: (_ for _ in ()).throw(sqlite3.DatabaseError("database disk image is malformed"))
+    with pytest.raises(sqlite3.DatabaseError):
+        make(state, client).run(stop=lambda: False, sleep=lambda s: None)
+
+
+def test_one_monitor_per_state_dir(tmp_path):
+    from slurm_ft.monitor import single_instance
+
+    held = single_instance(tmp_path)
+    with pytest.raises(SlurmFtError, match="another slurm-ft monitor holds"):
+        single_instance(tmp_path)
+    held.close()
+    single_instance(tmp_path).close()

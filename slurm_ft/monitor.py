@@ -222,19 +222,17 @@ class MonitorDb:
 
 
 # --- evidence -------------------------------------------------------------------------------------------------
-def latest_step(ckpt_dir: str) -> int | None:
-    """The newest committed checkpoint step in ``ckpt_dir``, or None (no dir, no checkpoint, no layout module)."""
+def latest_step(ckpt_dir: str, uid: int | None = None) -> int | None:
+    """The newest committed checkpoint step in the job's ``ckpt_dir``, or None. Read through the safe reader as
+    the job's ``uid`` (default: ours): the monitor runs as root over a directory the job's user controls."""
     if not ckpt_dir:
         return None
+    from slurm_ft.health.jobfiles import latest_committed_step
+
     try:
-        from slurm_ft.train.layout import latest_committed
-    except ImportError:
-        return None
-    try:
-        manifest = latest_committed(ckpt_dir)
+        return latest_committed_step(ckpt_dir, os.getuid() if uid is None else uid)
     except (OSError, ValueError):
         return None
-    return None if manifest is None else int(manifest.step)
 
 
 def load_reports(state_dir: Path, job_id: int) -> tuple[list[Any], list[str]]:
@@ -503,7 +501,7 @@ class Monitor:
         ended = dataclasses.replace(job, state=JobState.NODE_FAIL if dead else JobState.REQUEUED, nodes=previous)
         verdict = self.classify_fn(gather_evidence(self.config.state_dir, ended, ft, nodes))
         self.metrics.failure(verdict.category.value)
-        resume_step = latest_step(ft.ckpt_dir)
+        resume_step = latest_step(ft.ckpt_dir, job.user_id)
         decision = Decision(requeue=True, category=verdict.category.value, reason="requeued by Slurm",
                             culprits=tuple(sorted(set(struck_nodes(verdict, ended)) | dead)), resume_step=resume_step)
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
@@ -555,7 +553,7 @@ class Monitor:
         verdict = self.classify_fn(evidence)
         self.metrics.failure(verdict.category.value)
         budget = ft.max_restarts if ft.max_restarts is not None else self.config.default_max_restarts
-        resume_step = latest_step(ft.ckpt_dir)
+        resume_step = latest_step(ft.ckpt_dir, job.user_id)
         decision = decide(job, ft, verdict, resume_step=resume_step, budget=budget,
                           previous_resume_step=row["last_resume_step"] if row is not None else None,
                           restarted_before=row is not None and row["requeued_at"] is not None)

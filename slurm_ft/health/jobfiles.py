@@ -104,6 +104,36 @@ def read_error_files(run_dir: str, uid: int,
     return records, notes
 
 
+MANIFEST_MAX_BYTES = 4 * 2**20  # a COMMITTED manifest lists every file of a checkpoint: a few KiB to a few MiB
+
+
+def latest_committed_step(ckpt_dir: str, uid: int, max_bytes: int = MANIFEST_MAX_BYTES) -> int | None:
+    """The step of the newest committed checkpoint in the job's ``ckpt_dir``, read as root without trusting it:
+    no symlinks (step dirs and ``COMMITTED`` opened ``O_NOFOLLOW``), owner ``uid``, regular files (opened
+    non-blocking, so a FIFO or device cannot stall the reader), size-capped; None when there is none."""
+    from slurm_ft.train.layout import MARKER, STEP_RE, Manifest
+
+    with open_user_dir(ckpt_dir, uid) as fd:
+        steps = sorted(((int(m.group(1)), n) for n in os.listdir(fd) if (m := STEP_RE.match(n))), reverse=True)
+        for step, name in steps:
+            try:
+                step_fd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if os.fstat(step_fd).st_uid != uid:
+                    continue
+                data = read_user_file(step_fd, MARKER, uid, max_bytes)
+                manifest = Manifest.from_json(json.loads(data), path=f"{ckpt_dir}/{name}")
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                continue
+            finally:
+                os.close(step_fd)
+            if int(manifest.step) == step:
+                return step
+    return None
+
+
 def _error_record(data: bytes, name: str) -> dict[str, Any]:
     """One error file as a clean ``ErrorRecord`` dict (known fields only, types checked, text bounded)."""
     raw = json.loads(data.decode("utf-8", "replace"))

@@ -22,7 +22,7 @@ from typing import Any
 
 MARKER = "COMMITTED"
 VERSION = 1
-_STEP_RE = re.compile(r"^step_(\d{8,})$")
+STEP_RE = re.compile(r"^step_(\d{8,})$")
 _TMP_RE = re.compile(r"^\.tmp-step_(\d{8,})-[0-9a-f]+$")
 
 
@@ -151,7 +151,7 @@ def _published(ckpt_dir: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for entry in entries:
-        match = _STEP_RE.match(entry.name)
+        match = STEP_RE.match(entry.name)
         if match and entry.is_dir(follow_symlinks=False):
             found.append((int(match.group(1)), Path(entry.path)))
     return sorted(found)

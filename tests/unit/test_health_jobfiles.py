@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from slurm_ft.health.jobfiles import FileLimits, UnsafePath, open_user_dir, read_error_files, read_user_file
+from slurm_ft.health.jobfiles import (FileLimits, UnsafePath, latest_committed_step, open_user_dir, read_error_files,
+                                      read_user_file)
 from slurm_ft.train.records import ErrorRecord, write_error
 
 UID = os.getuid()
@@ -75,3 +77,60 @@ def test_file_of_another_uid_is_refused(tmp_path: Path) -> None:
         assert read_user_file(fd, "error.rank0.json", UID, 10_000)
         with pytest.raises(UnsafePath, match="owned by uid"):
             read_user_file(fd, "error.rank0.json", UID + 1, 10_000)
+
+
+# --- the monitor's resume hint: the newest committed step, read as root without trusting the job's files ---------
+
+
+def _committed(ckpt, step):
+    d = ckpt / f"step_{step:08d}"
+    d.mkdir(parents=True)
+    (d / "COMMITTED").write_text(json.dumps({"step": step, "world_size": 1, "files": {}}))
+    return d
+
+
+def test_latest_committed_step_reads_the_newest_valid_manifest(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _committed(ckpt, 4)
+    _committed(ckpt, 8)
+    assert latest_committed_step(str(ckpt), os.getuid()) == 8
+
+
+def test_a_committed_symlink_to_kmsg_is_skipped_not_read(tmp_path):
+    """Issue 16: ckpt/step_*/COMMITTED -> /proc/kmsg blocked the root monitor forever."""
+    ckpt = tmp_path / "ckpt"
+    _committed(ckpt, 4)
+    (ckpt / "step_00000009").mkdir()
+    (ckpt / "step_00000009" / "COMMITTED").symlink_to("/proc/kmsg")
+    assert latest_committed_step(str(ckpt), os.getuid()) == 4
+
+
+def test_a_fifo_or_an_oversized_manifest_cannot_stall_or_bloat_the_reader(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _committed(ckpt, 2)
+    (ckpt / "step_00000005").mkdir()
+    os.mkfifo(ckpt / "step_00000005" / "COMMITTED")
+    (ckpt / "step_00000007").mkdir()
+    with open(ckpt / "step_00000007" / "COMMITTED", "wb") as fh:
+        fh.truncate(2 * 2**30)  # sparse 2 GiB
+    result = []
+    reader = threading.Thread(target=lambda: result.append(latest_committed_step(str(ckpt), os.getuid())))
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive() and result == [2]
+
+
+def test_a_step_dir_symlinked_to_another_users_checkpoint_is_not_followed(tmp_path):
+    other = _committed(tmp_path / "other", 99)
+    ckpt = tmp_path / "ckpt"
+    _committed(ckpt, 3)
+    (ckpt / "step_00000099").symlink_to(other)
+    assert latest_committed_step(str(ckpt), os.getuid()) == 3
+
+
+def test_a_deeply_nested_manifest_is_skipped(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _committed(ckpt, 1)
+    (ckpt / "step_00000002").mkdir()
+    (ckpt / "step_00000002" / "COMMITTED").write_text("[" * 100_000)
+    assert latest_committed_step(str(ckpt), os.getuid()) == 1

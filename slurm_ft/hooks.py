@@ -1,8 +1,12 @@
 """The prolog health gate and the epilog evidence gatherer (run as root by slurmd on every node of a job).
 
 ``slurm-ft prolog``: gather (quarantine record, NVML snapshot, free space in the job's checkpoint directory),
-judge, and on failure quarantine the node (drain reason ``slurm-ft: <category>: <evidence>``) and exit 1 so
-Slurm requeues the job. A healthy node passes fast. ``slurm-ft prolog --health-check`` runs the same checks
+judge, and on a node failure quarantine the node (drain reason ``slurm-ft: <category>: <evidence>``) and exit 1
+so Slurm requeues the job. Trust: only the node's own evidence (NVML, kernel log, the quarantine record, Slurm's
+node state) fails the node. What the job names (its checkpoint dir: missing, under /proc, full, over quota) is
+the job's word: it stops that job (Comment ``slurm-ft: stop cause=storage: ...``, then scancel) and the node
+passes. A quarantine store that cannot be read is logged as an ERROR with how to repair it; the node's own
+checks still decide. A healthy node passes fast. ``slurm-ft prolog --health-check`` runs the same checks
 without a job (as Slurm's ``HealthCheckProgram``): a pass moves a quarantined node towards probation.
 
 ``slurm-ft epilog``: gather NVML, kernel-log Xids since the prolog ran, the ranks' error files and the job's

@@ -17,7 +17,10 @@ Coexisting with Slurm's own requeue (JobRequeue=1 requeues a batch job that ends
 a requeueable NODE_FAIL job to Slurm and *adopts* the requeue it sees (restart count up, pending): strike and
 exclude the dead nodes, set the resume hint. Every other failure is requeued by the monitor. Nodes:
 
-- culprits of a verdict (Slurm's node states, the epilog's reports) get one quarantine strike per job;
+- culprits of a verdict named by their own evidence (Slurm's node states, the epilog's NVML and kernel-log
+  findings: ``Verdict.attested_nodes``) get one quarantine strike per job; culprits named only by the job's
+  word (its error files' hosts, its logs) are excluded from that job's next run if they are its own nodes,
+  never struck;
 - a node Slurm calls down or not responding under a running job (``--no-kill``: the job lives on, its launcher
   swaps in a spare) gets a hardware_node strike;
 - nodes the launcher names in ``slurm-ft: tempfail bad_nodes=a+b`` (its probe failed them) are excluded from
@@ -25,6 +28,11 @@ exclude the dead nodes, set the resume hint. Every other failure is requeued by 
 
 Every action is written to SQLite as ``intent`` before it is taken and ``done`` after, keyed by (job_id,
 restart_count, action): a monitor killed in between reconciles on its next poll and never requeues twice.
+
+Robustness: one monitor per state dir (``monitor.lock``); an error of one job or one poll is logged and the next
+poll comes after a growing pause; only the monitor's own database breaking ends it. The job's checkpoint dir
+(for the resume hint) is read through the safe reader (``health.jobfiles``): no symlinks, owner checked,
+non-blocking, size-capped.
 """
 
 from __future__ import annotations

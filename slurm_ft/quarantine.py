@@ -15,6 +15,10 @@ Entering ``quarantined`` drains the node in Slurm with ``slurm-ft: <category>: <
 the node. A drain reason that does not start with ``slurm-ft:`` belongs to someone else: it is never
 overwritten and never lifted. Decisions are made inside one ``BEGIN IMMEDIATE`` transaction, so concurrent
 writers cannot both miss (or both make) a transition; Slurm is called after the commit.
+
+Trust: strikes come only from the node's own evidence (NVML, kernel log, Slurm's node state, the prolog's
+probes); a job's files and Comment never strike a node. A store that is not a database raises ``StoreCorrupt``
+(with how to repair it): the prolog then skips the store, never the node's own checks, and drains nothing for it.
 """
 
 from __future__ import annotations

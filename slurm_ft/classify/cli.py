@@ -223,6 +223,8 @@ def _read_json(path: str | Path, what: str) -> Any:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise SlurmFtError(f"{what} {str(path)!r}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise SlurmFtError(f"{what} {str(path)!r}: JSON nested too deeply") from None
 
 
 def _error_records(path: str) -> list:

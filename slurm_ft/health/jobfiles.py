@@ -93,6 +93,8 @@ def read_error_files(run_dir: str, uid: int,
             for name in names:
                 try:
                     records.append(_error_record(read_user_file(fd, name, uid, limits.max_bytes), name))
+                except RecursionError:
+                    notes.append(f"{run_dir}/{name}: skipped: JSON nested too deeply")
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     why = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                     notes.append(f"{run_dir}/{name}: skipped: {why}")

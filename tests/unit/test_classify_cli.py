@@ -172,3 +172,10 @@ def test_reader_gone_ends_quietly_with_the_sigpipe_status(tmp_path):
     finally:
         os.close(write_end)
     assert proc.returncode == 128 + signal.SIGPIPE and proc.stderr == "", proc.stderr
+
+
+def test_a_deeply_nested_error_file_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "error.rank0.json"
+    bad.write_text("[" * 100_000)
+    code, _, err = _run(capsys, "--error-file", str(bad))
+    assert code == 2 and "nested too deeply" in err and "\n" not in err.strip()

@@ -134,3 +134,11 @@ def test_a_deeply_nested_manifest_is_skipped(tmp_path):
     (ckpt / "step_00000002").mkdir()
     (ckpt / "step_00000002" / "COMMITTED").write_text("[" * 100_000)
     assert latest_committed_step(str(ckpt), os.getuid()) == 1
+
+
+def test_a_deeply_nested_error_file_is_skipped_with_a_note(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "error.rank0.json").write_text("[" * 100_000)
+    records, notes = read_error_files(str(run), os.getuid())
+    assert records == [] and any("nested too deeply" in n for n in notes)

@@ -212,16 +212,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _speed(argv: list[str]) -> int:
-    import runpy
+    from slurm_ft.bench.cli import run_script  # the CLI imports this module: import at call time
 
     script = REPO_ROOT / "bench" / "bench_classify.py"
     if not script.is_file():
         raise SystemExit(f"bench classify --speed: {script} is not in this build (a source checkout has it)")
-    saved, sys.argv = sys.argv, [str(script), *argv]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = saved
-    return 0
+    return run_script(script, argv)

@@ -185,6 +185,18 @@ def _load_costs(path: Path):
         raise SlurmFtError(f"--costs {str(path)!r}: {exc}") from None
 
 
+def run_script(path: Path, argv: list[str]) -> int:
+    """Run a benchmark script of the source checkout as ``__main__`` with ``argv``; its exit code."""
+    saved, sys.argv = sys.argv, [str(path), *argv]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def run_delegated(args: argparse.Namespace) -> int:
     module_name, script, _ = DELEGATED[args.delegate]
     argv = list(args.args)
@@ -200,12 +212,5 @@ def run_delegated(args: argparse.Namespace) -> int:
         return int(module.main(argv) or 0)
     path = REPO_BENCH_DIR / script if script else None
     if path is not None and path.is_file():  # a source checkout: the benchmark's script
-        saved, sys.argv = sys.argv, [str(path), *argv]
-        try:
-            runpy.run_path(str(path), run_name="__main__")
-        except SystemExit as exc:
-            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        finally:
-            sys.argv = saved
-        return 0
+        return run_script(path, argv)
     raise SlurmFtError(f"bench {args.delegate}: not available in this build ({module_name} is missing)")

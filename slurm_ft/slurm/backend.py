@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -19,17 +20,25 @@ BACKENDS = ("auto", "cli", "pyslurm")
 
 
 def backend_for(slurm_version: str | None, *,
-                import_module: Callable[[str], ModuleType] = importlib.import_module) -> tuple[str, str]:
-    """``("pyslurm" | "cli", why)``: pyslurm only when it imports and its major.minor equals Slurm's."""
-    try:
-        module = import_module("pyslurm")
-    except Exception as exc:  # noqa: BLE001 - a broken pyslurm build raises more than ImportError
-        return "cli", f"pyslurm unavailable ({type(exc).__name__}: {exc})"
-    py_version = str(getattr(module, "__version__", "") or "")
+                import_module: Callable[[str], ModuleType] = importlib.import_module,
+                installed_version: Callable[[str], str] = importlib.metadata.version) -> tuple[str, str]:
+    """``("pyslurm" | "cli", why)``: pyslurm only when its major.minor equals Slurm's and it imports.
+
+    The version is read from the installed package's metadata first: importing a pyslurm built for another
+    release loads that release's libslurm, which may end the process ("Could not establish a configuration
+    source") before Python sees an error."""
     if not slurm_version:
         return "cli", "Slurm version unknown"
+    try:
+        py_version = installed_version("pyslurm")
+    except importlib.metadata.PackageNotFoundError:
+        return "cli", "pyslurm not installed"
     if _major_minor(py_version) != _major_minor(slurm_version):
         return "cli", f"pyslurm {py_version or '?'} does not match Slurm {slurm_version}"
+    try:
+        import_module("pyslurm")
+    except Exception as exc:  # noqa: BLE001 - a broken pyslurm build raises more than ImportError
+        return "cli", f"pyslurm unavailable ({type(exc).__name__}: {exc})"
     return "pyslurm", f"pyslurm {py_version} matches Slurm {slurm_version}"
 
 

@@ -125,15 +125,31 @@ def _importer(module):
     return import_module
 
 
-@pytest.mark.parametrize(("module", "slurm", "picked"), [
-    (None, "22.05.8", "cli"),
-    (fake_pyslurm("25.11.0"), "22.05.8", "cli"),
-    (fake_pyslurm("25.11.0"), "25.11.2", "pyslurm"),
-    (fake_pyslurm("25.11.0"), None, "cli"),
+def _installed(version):
+    def installed_version(name):
+        if version is None:
+            raise backend.importlib.metadata.PackageNotFoundError(name)
+        return version
+    return installed_version
+
+
+@pytest.mark.parametrize(("module", "installed", "slurm", "picked"), [
+    (None, None, "22.05.8", "cli"),
+    (fake_pyslurm("25.11.2"), "25.11.2", "22.05.8", "cli"),
+    (fake_pyslurm("25.11.2"), "25.11.2", "25.11.7", "pyslurm"),
+    (fake_pyslurm("25.11.2"), "25.11.2", None, "cli"),
+    (None, "25.11.2", "25.11.7", "cli"),  # installed but broken: import fails
 ])
-def test_backend_for(module, slurm, picked):
-    chosen, why = backend.backend_for(slurm, import_module=_importer(module))
+def test_backend_for(module, installed, slurm, picked):
+    chosen, why = backend.backend_for(slurm, import_module=_importer(module), installed_version=_installed(installed))
     assert chosen == picked and why
+
+
+def test_a_pyslurm_for_another_release_is_never_imported():
+    """Importing pyslurm 25.11 next to a 22.05 cluster loads libslurm 25.11, which can end the process."""
+    def refuse(name):
+        raise AssertionError("imported")
+    assert backend.backend_for("22.05.8", import_module=refuse, installed_version=_installed("25.11.2"))[0] == "cli"
 
 
 def test_make_client_defaults_to_cli_here(monkeypatch):

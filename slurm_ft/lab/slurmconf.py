@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from slurm_ft.slurm.formats import release
+
 CTLD_STATE = "slurmctld-state"  # slurmctld's StateSaveLocation under the lab dir
 # How long a requeued job waits before it may start again (Slurm's default 120 s). Before 25.11 that delay is the
 # credential lifetime (AuthInfo=cred_expire); 25.11 has its own SchedulerParameters=requeue_delay, so the
@@ -34,7 +36,7 @@ class LabLayout:
 
     @property
     def has_requeue_delay(self) -> bool:
-        return _release(self.slurm_version) >= REQUEUE_DELAY_SINCE
+        return release(self.slurm_version) >= REQUEUE_DELAY_SINCE
 
     @property
     def node_names(self) -> tuple[str, ...]:
@@ -48,11 +50,6 @@ class LabLayout:
     spool_dir = property(lambda self: self.dir / "spool")
     log_dir = property(lambda self: self.dir / "log")
     run_dir = property(lambda self: self.dir / "run")
-
-
-def _release(version: str) -> tuple[int, int]:
-    major, _, rest = version.partition(".")
-    return int(major), int(rest.partition(".")[0] or 0)
 
 
 def _auth_info(layout: LabLayout) -> str:

@@ -12,6 +12,7 @@ from types import ModuleType
 from slurm_ft import env as ft_env
 from slurm_ft.errors import ConfigError, SlurmFtError
 from slurm_ft.slurm.cli_backend import CliSlurmClient
+from slurm_ft.slurm.formats import same_release
 from slurm_ft.slurm.types import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def backend_for(slurm_version: str | None, *,
         py_version = installed_version("pyslurm")
     except importlib.metadata.PackageNotFoundError:
         return "cli", "pyslurm not installed"
-    if _major_minor(py_version) != _major_minor(slurm_version):
+    if not same_release(py_version, slurm_version):
         return "cli", f"pyslurm {py_version or '?'} does not match Slurm {slurm_version}"
     try:
         import_module("pyslurm")
@@ -71,10 +72,3 @@ def make_client(*, env: Mapping[str, str] | None = None, backend: str | None = N
         return PyslurmClient()
     return cli
 
-
-def _major_minor(version: str) -> tuple[int, int] | None:
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None

@@ -6,10 +6,9 @@ The running Slurm's version is asked once per client (``scontrol --version``); i
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
-
-import logging
 
 from slurm_ft.errors import SlurmCommandError
 from slurm_ft.slurm import formats, parsers

@@ -44,13 +44,22 @@ def release(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def same_release(a: str, b: str) -> bool:
+    """Whether two versions share major.minor (``25.11.7`` and ``25.11.2`` do; ``22.05.8`` and ``25.11.7`` and an
+    unparsable version do not)."""
+    try:
+        return release(a) == release(b)
+    except ValueError:
+        return False
+
+
 def for_version(version: str) -> JsonFormat:
     """The format to use with Slurm ``version``."""
     rel = release(version)
     if rel >= PINNED_SINCE:
         return V0042
     if rel >= DATA_PARSER_SINCE:
-        return _unpinned(V0042, "default")
+        return _asking(V0042, "default", "--json")
     return OPENAPI_V0038
 
 
@@ -62,11 +71,11 @@ def newest_listed(listing: str) -> str | None:
 
 def with_version(fmt: JsonFormat, data_parser: str) -> JsonFormat:
     """``fmt``'s adapter asking for ``data_parser`` instead of its pinned version (a fallback)."""
-    swap = lambda args: tuple(f"--json={data_parser}" if a.startswith("--json") else a for a in args)  # noqa: E731
-    return dataclasses.replace(fmt, name=data_parser, squeue_args=swap(fmt.squeue_args),
-                               sinfo_args=swap(fmt.sinfo_args))
+    return _asking(fmt, data_parser, f"--json={data_parser}")
 
 
-def _unpinned(fmt: JsonFormat, name: str) -> JsonFormat:
-    strip = lambda args: tuple("--json" if a.startswith("--json") else a for a in args)  # noqa: E731
-    return dataclasses.replace(fmt, name=name, squeue_args=strip(fmt.squeue_args), sinfo_args=strip(fmt.sinfo_args))
+def _asking(fmt: JsonFormat, name: str, flag: str) -> JsonFormat:
+    """``fmt`` with its ``--json...`` argument replaced by ``flag``."""
+    def swap(args: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(flag if a.startswith("--json") else a for a in args)
+    return dataclasses.replace(fmt, name=name, squeue_args=swap(fmt.squeue_args), sinfo_args=swap(fmt.sinfo_args))

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from slurm_ft.errors import ConfigError
+from slurm_ft.slurm.formats import same_release
 
 VERSION_HEADER = Path("slurm") / "slurm_version.h"
 SPANK_HEADER = Path("slurm") / "spank.h"
@@ -29,11 +30,6 @@ def parse_header_version(text: str) -> str:
         raise ConfigError("slurm_version.h: no SLURM_VERSION_NUMBER")
     number = int(match.group(1), 0)
     return f"{(number >> 16) & 0xFF:02d}.{(number >> 8) & 0xFF:02d}.{number & 0xFF}"
-
-
-def same_release(a: str, b: str) -> bool:
-    """Whether two versions share major.minor (``25.11.7`` and ``25.11.2`` do; ``22.05.8`` and ``25.11.7`` not)."""
-    return a.split(".")[:2] == b.split(".")[:2]
 
 
 def find_include_dir(explicit: Path | None = None, *, which: Callable[[str], str | None] = shutil.which,

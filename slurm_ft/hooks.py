@@ -4,7 +4,7 @@
 judge, and on a node failure quarantine the node (drain reason ``slurm-ft: <category>: <evidence>``) and exit 1
 so Slurm requeues the job. Trust: only the node's own evidence (NVML, kernel log, the quarantine record, Slurm's
 node state) fails the node. What the job names (its checkpoint dir: missing, under /proc, full, over quota) is
-the job's word: it stops that job (Comment ``slurm-ft: stop cause=storage: ...``, then scancel) and the node
+the job's word: it stops that job (Comment ``slurm-ft: stopped cause=storage by=prolog ...``, then scancel) and the node
 passes. A quarantine store that cannot be read is logged as an ERROR with how to repair it; the node's own
 checks still decide. A healthy node passes fast. ``slurm-ft prolog --health-check`` runs the same checks
 without a job (as Slurm's ``HealthCheckProgram``): a pass moves a quarantined node towards probation.
@@ -320,7 +320,6 @@ def judge_prolog(facts: PrologFacts, settings: Settings) -> list[Finding]:
     return findings
 
 
-_COMMENT_MAX = 400
 # Checks of what the job names (its checkpoint dir): the job's word, so they fail the job, never the node.
 JOB_SIDE_CHECKS = frozenset({"space"})
 
@@ -358,10 +357,12 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
 
 def _stop_job(ctx: JobContext, findings: list[Finding], deps: Deps, label: str) -> None:
     """Stop the job (not the node) for a problem with what it named: its Comment says why, then scancel."""
+    from slurm_ft.monitor import stop_comment  # rare path: keep the monitor out of every prolog's start-up
+
     if ctx.job_id is None:
         return
     first = findings[0]
-    reason = f"slurm-ft: stop cause={first.category.value}: {first.evidence}"[:_COMMENT_MAX]
+    reason = stop_comment(first.category.value, "by=prolog: the job's checkpoint dir", [first.evidence])
     try:
         client = deps.client()
         client.update_job(ctx.job_id, comment=reason)

@@ -108,7 +108,8 @@ def test_an_unusable_checkpoint_dir_stops_the_job_and_drains_no_node(lab) -> Non
     job = submit(lab, "sleep 1\n", "-N1", "--ft-ckpt-dir=/proc/nonexistent/ckpt")
     info = wait_job(lab, job, [JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED], timeout=60)
     assert info.state is JobState.CANCELLED and info.restart_count == 0
-    assert info.comment.startswith("slurm-ft: stop cause=storage: checkpoint dir /proc"), info.comment
+    assert info.comment.startswith("slurm-ft: stopped cause=storage by=prolog"), info.comment
+    assert "checkpoint dir /proc" in info.comment
     assert {n.name for n in client.nodes() if n.drained} == drained_before
     record = prolog_record(lab, job, info.nodes[0])
     assert record["passed"] is True and record["job_findings"][0]["check"] == "space"

@@ -181,7 +181,8 @@ def test_low_space_in_the_checkpoint_dir_stops_the_job_and_never_drains_the_node
     """The checkpoint dir is the job's word: a typo or a full shared filesystem must not drain every node."""
     lab.statvfs = lambda path: _StatVfs()
     assert lab.run("prolog", job_env(SPANK_FT_CKPT_DIR=str(tmp_path / "ckpt"))) == 0
-    reason = f"slurm-ft: stop cause=storage: checkpoint dir {tmp_path}/ckpt: 0.0 GiB free < 1 GiB"
+    reason = (f"slurm-ft: stopped cause=storage by=prolog: the job's checkpoint dir; checkpoint dir {tmp_path}/ckpt: "
+              "0.0 GiB free < 1 GiB")
     assert lab.slurm.calls == [("update_job", 7, reason), ("cancel", 7)]
     assert not lab.quarantine().is_quarantined("n1")
     record = json.loads((lab.state / "prolog" / "7" / "n1.json").read_text())
@@ -310,3 +311,11 @@ def test_a_corrupt_quarantine_store_keeps_the_gate_on_and_drains_nothing_by_itse
     lab.mark_bad("n1")
     assert lab.run("prolog", job_env(node="n1")) == 1  # the bad GPU is still refused
     assert not any("internal error" in line for line in lab.lines)
+
+
+def test_a_checkpoint_path_with_a_comma_or_newline_still_stops_the_job_in_one_comment(lab: Env, tmp_path: Path) -> None:
+    """The path is the user's: scontrol's Comment= must get one line without commas, or the job is not stopped."""
+    lab.statvfs = lambda path: _StatVfs()
+    assert lab.run("prolog", job_env(SPANK_FT_CKPT_DIR=str(tmp_path / "a,b\nc"))) == 0
+    (update, cancel) = lab.slurm.calls
+    assert update[0] == "update_job" and "," not in update[2] and "\n" not in update[2] and cancel == ("cancel", 7)

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import socket
 import threading
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ HANG_GLOB = "hang.rank*.json"
 STACK_GLOB = "stack.rank*.txt"
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
+STACK_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler writes its stacks on it (sent only to ranks announcing it)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -135,10 +137,8 @@ class RankState:
 
 
 def signal_name(number: int) -> str:
-    import signal as signal_mod
-
     try:
-        return signal_mod.Signals(number).name
+        return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
 

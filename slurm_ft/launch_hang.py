@@ -58,8 +58,11 @@ def inspect_node(run_dir: Path, node: str, *, send: Callable[[int, int], None] =
                 asked.append(beat.rank)
             except OSError:
                 continue
-    if asked:
-        sleep(STACK_WAIT_S)  # faulthandler writes from the signal handler at once; the file system may lag
+    waited = 0.0
+    while asked and waited < STACK_WAIT_S:  # faulthandler writes from the signal handler at once
+        asked = [rank for rank in asked if not _has_stack(records.stack_path(run_dir, rank))]
+        sleep(0.05)
+        waited += 0.05
     found = []
     for beat in beats:
         state, wchan = proc_state(beat.pid, proc_root)

@@ -551,14 +551,16 @@ def _hang_findings(states: Iterable[RankState]) -> list[Finding]:
         return []
     stuck = [s for s in states if _stuck_reason(s)]
     behind: list[RankState] = []
-    if not stuck:
-        steps = [s.step for s in states if s.step is not None]
-        if steps and min(steps) < max(steps):
-            behind = [s for s in states if s.step == min(steps)]
+    if not stuck:  # a rank without a heartbeat never reached its first step: behind any that did
+        steps = {s.rank: -1 if s.step is None else s.step for s in states}
+        if min(steps.values()) < max(steps.values()):
+            behind = [s for s in states if steps[s.rank] == min(steps.values())]
+    stacked = sorted(s.rank for s in states if s.stack)
+    stacks = f"; Python stacks of ranks {_ranges(stacked)} saved (stack.rank<R>.txt)" if stacked else ""
     found = []
     for s in states:
         label = f"rank {s.rank}" + (f" ({s.host})" if s.host else "")
-        stack = f"; stacks in {s.stack}" if s.stack else ""
+        stack = stacks if s in stuck or s in behind else ""
         at = f" at step {s.step}" if s.step is not None else ""
         if s in stuck:
             text, rule = f"{label}: {_stuck_reason(s)}{at}{stack}", _HANG_STUCK
@@ -570,7 +572,7 @@ def _hang_findings(states: Iterable[RankState]) -> list[Finding]:
         found.append(Finding(rule, text, "hang", node=s.host, rank=s.rank))
     if not stuck and not behind:
         found.append(Finding(_HANG_NONE, f"no progress on any of {len(states)} ranks, all alive: no rank singled "
-                                         "out (see their stacks)", "hang"))
+                                         f"out{stacks}", "hang"))
     return found
 
 

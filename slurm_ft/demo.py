@@ -36,7 +36,7 @@ from typing import Any
 
 from slurm_ft import config as ft_config
 from slurm_ft.errors import SlurmFtError
-from slurm_ft.classify.taxonomy import Category
+from slurm_ft.classify.taxonomy import Category, culprit_text
 from slurm_ft.faults import crash_node, fault_timing, read_events, signal_rank
 from slurm_ft.slurm.types import JobInfo, JobState
 from slurm_ft.train.records import read_heartbeats
@@ -394,15 +394,6 @@ def verdict_of(run: Run, events: list[dict], monitor_verdict: dict[str, Any] | N
     that died with its node judged nothing); None for a run without a fault."""
     launcher = next((e["verdict"] for e in events if e["event"] == "verdict"), None)
     return launcher if launcher is not None else monitor_verdict
-
-
-def culprit_text(verdict: dict[str, Any]) -> str:
-    """``rank 1 on n2``, ``n3``, or ``-``: who failed first, as the verdict names them."""
-    culprit = verdict.get("culprit") or {}
-    ranks, nodes = list(culprit.get("ranks", ())), list(culprit.get("nodes", ()))
-    if ranks:
-        return ", ".join(f"rank {r}" for r in ranks) + (f" on {', '.join(nodes)}" if nodes else " (node unknown)")
-    return ", ".join(nodes) or "-"
 
 
 def rank_node(run: Run, rank: int) -> str:

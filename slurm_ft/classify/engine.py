@@ -23,7 +23,7 @@ from slurm_ft.classify.rules import Rule, Rules, default_rules
 from slurm_ft.classify.scan import LineHit
 from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
 from slurm_ft.classify.xid import XidKind, normalize_pci, xid_pid
-from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent
+from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, recovery_action_name
 from slurm_ft.train.records import ErrorRecord, RankEnd, RankState
 
 NODE_BAND = 90
@@ -50,6 +50,8 @@ _NVML_LOST = Rule(id="nvml:gpu_lost", category=Category.HARDWARE_GPU, priority=9
 _NVML_FAULT = Rule(id="nvml:fault", category=Category.HARDWARE_GPU, priority=97, confidence=0.9)
 _NVML_PENDING = Rule(id="nvml:pending", category=Category.HARDWARE_GPU, priority=93, confidence=0.8)
 _NVML_WEAR = Rule(id="nvml:wear", category=Category.HARDWARE_GPU, priority=91, confidence=0.7)
+# The driver's own recovery action for the GPU (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): authoritative node evidence.
+_NVML_ACTION = Rule(id="nvml:recovery_action", category=Category.HARDWARE_GPU, priority=98, confidence=0.95)
 _ROOT_CAUSE = Rule(id="torchrun:root_cause", category=Category.UNKNOWN, priority=5, confidence=0.3)
 _NOTHING = Rule(id="none", category=Category.UNKNOWN, priority=0, confidence=0.1)
 
@@ -257,6 +259,10 @@ def _gpu_problems(gpu: GpuHealth, limits) -> Iterator[tuple[Rule, str]]:
     error = getattr(gpu, "error", "") or ""
     if _is_lost(error, limits.lost_gpu_errors):
         yield _NVML_LOST, f"NVML: {error[:200]}"
+    action = getattr(gpu, "recovery_action", None)
+    if isinstance(action, int) and action != 0:
+        yield _NVML_ACTION, (f"the driver asks for recovery action {recovery_action_name(action)} "
+                             f"(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION={action})")
     if _over(gpu.ecc_volatile_uncorrected, limits.ecc_volatile_uncorrected_max):
         yield _NVML_FAULT, f"{gpu.ecc_volatile_uncorrected} volatile uncorrected ECC errors"
     if limits.remap_failure and gpu.remap_failure:

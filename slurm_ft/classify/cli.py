@@ -172,13 +172,15 @@ def _log_tail(spec: str) -> LogTail:
 
 
 def _kmsg_tail(spec: str, default_node: str) -> LogTail:
+    """A kernel log of ``node=``, else ``--node``, else the host its journalctl lines name; judged without a
+    node too (its culprit node is then unknown, and the evidence says so)."""
+    from slurm_ft.health.kmsg import journal_host
+
     rank, node, path = parse_log_spec(spec)
     if rank is not None:
         raise SlurmFtError(f"--kmsg {spec!r}: a kernel log belongs to a node (node=NAME:PATH), not a rank")
-    node = node or default_node
-    if not node:
-        raise SlurmFtError(f"--kmsg {spec!r}: name its node (node=NAME:PATH or --node NAME)")
-    return LogTail(source=node, text=_read_tail(path, "kernel log", hint=spec), kind="kmsg")
+    text = _read_tail(path, "kernel log", hint=spec)
+    return LogTail(source=node or default_node or journal_host(text), text=text, kind="kmsg")
 
 
 def _node_event(spec: str) -> NodeEvent:

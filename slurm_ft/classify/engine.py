@@ -363,7 +363,9 @@ def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEven
     if tail.kind == "kmsg":
         xids += [XidEvent(node=node, xid=h.xid[1], pci_bus=h.xid[0], text=h.line.strip(), source="kmsg")
                  for h in hits if h.xid is not None]
-    if label is None:
+    if label is None and tail.kind == "kmsg" and not node:
+        label = "kernel log of an unknown node (culprit node unknown)"
+    elif label is None:
         label = (f"rank {tail.rank}" if tail.rank is not None else node or "unattributed") + f" {tail.kind}"
     found = list(_hit_findings(hits, rules, label, tail.kind, rank=tail.rank, node=node, time=None,
                                limit=rules.limits.max_findings_per_text, per_line=True))

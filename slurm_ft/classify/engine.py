@@ -435,6 +435,9 @@ def _summary_findings(text: str, ctx: _Context, label: str) -> list[Finding]:
         how = f"exitcode {code}" if code is not None else "failed"
         if code is not None and code < 0:
             how += f" (signal {-code})"
+        error_file = entry.get("error_file", "").strip()
+        if error_file and error_file != "<N/A>":
+            how += f", error file {error_file} (give it to --error-file rank={rank},node={host or '?'}:PATH)"
         text = f"{label}: torchrun first observed failure: rank {rank} on {host or '?'}, {how}"
         found.append(Finding(_ROOT_CAUSE, text, "log", node=host, rank=rank))
     return found

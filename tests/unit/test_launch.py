@@ -418,3 +418,14 @@ def test_a_hang_without_node_reports_still_singles_out_the_rank_whose_liveness_s
     [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
     assert verdict["verdict"]["culprit"] == {"nodes": ["n2"], "ranks": [1]}
     assert "hang_evidence_partial" in [e["event"] for e in events(tmp_path)]
+
+
+def test_a_dead_node_keeps_its_name_in_the_verdict(tmp_path):
+    run = tmp_path / "run"
+    probe = [{"n2": "probe step failed (exit 233)"}, {}]
+    launcher, _, _ = make(tmp_path, [KilledRank(run, code=137), Script(run)], allocation=("n1", "n2", "n3"),
+                          states=[{}], spare_nodes=1, max_restarts=0, probe=lambda nodes: probe.pop(0),
+                          classify_fn=classify)
+    assert launcher.run() == 0
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["verdict"]["category"] == "hardware_node" and verdict["verdict"]["culprit"]["nodes"] == ["n2"]

@@ -10,7 +10,8 @@ of its own), so srun, ``--kill-on-bad-exit`` and the job's exit code see what th
 Signals: Slurm signals every process of a step (scancel, ``--signal``, the time limit, srun's own forwarding), so
 the child gets them directly; the wrapper only outlives them to record the end, and forwards none (the child
 would get them twice). The run dir comes from ``$SLURM_FT_RUN_DIR``, the rank from ``$RANK`` or
-``$SLURM_PROCID``. A record that cannot be written is one line on stderr, never a changed exit.
+``$SLURM_PROCID``. A record that cannot be written is one line on stderr, never a changed exit. Under torchrun
+(one agent per node) the wrapper steps aside: its task number is no rank.
 """
 
 from __future__ import annotations
@@ -159,6 +160,14 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
     return end_like(code)
 
 
+def is_agent(command: Sequence[str]) -> bool:
+    """Whether ``command`` starts torchrun's agent (one per node, its workers are the ranks): the wrapper then
+    steps aside, as its task number is no rank (torchrun's summary and error files name the ranks)."""
+    head = [Path(a).name for a in command[:4]]
+    return bool(head) and (head[0] == "torchrun" or "torch.distributed.run" in head or "torch.distributed.launch"
+                           in head)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--"]:
@@ -167,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("slurm-ft launch_rank: give the command after `--`", file=sys.stderr)
         return 2
     try:
+        if is_agent(args):
+            os.execvp(args[0], args)
         return run(args, dict(os.environ))
     except FileNotFoundError as exc:  # as srun would say it, and with the shell's status
         print(f"slurm-ft: {args[0]}: {exc.strerror}", file=sys.stderr)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from slurm_ft.launch_rank import end_record, oom_kills
+from slurm_ft.launch_rank import end_record, is_agent, oom_kills
 from slurm_ft.train.records import read_ends
 
 
@@ -82,3 +82,9 @@ def test_end_record_counts_only_the_kills_while_the_rank_ran():
     end = end_record(3, -9, pid=10, when=5.0, oom_before=2, oom_after=3, tail="t", host="n1")
     assert (end.signal, end.oom_kills, end.tail) == (9, 1, "t")
     assert end_record(3, -9, pid=10, when=5.0, oom_before=None, oom_after=3, tail="", host="n1").oom_kills is None
+
+
+def test_the_wrapper_steps_aside_for_torchruns_agent():
+    assert is_agent(["torchrun", "--nproc-per-node=8", "train.py"])
+    assert is_agent(["/opt/venv/bin/python", "-m", "torch.distributed.run", "train.py"])
+    assert not is_agent(["python", "-m", "slurm_ft.train.example"]) and not is_agent([])

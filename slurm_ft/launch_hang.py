@@ -69,11 +69,33 @@ def inspect_node(run_dir: Path, node: str, *, send: Callable[[int, int], None] =
         stack = records.stack_path(run_dir, beat.rank)
         if not _has_stack(stack) and pyspy and state:
             _pyspy_dump(pyspy, beat.pid, stack)
+        text = _read_stack(stack)
         record = records.RankState(rank=beat.rank, host=node, pid=beat.pid, state=state, wchan=wchan,
-                                   step=beat.step, stack=str(stack) if _has_stack(stack) else "")
+                                   step=beat.step, stack=str(stack) if text else "",
+                                   in_collective=main_thread_in_collective(text) if text else None)
         records.write_rank_state(run_dir, record)
         found.append(record)
     return found
+
+
+_COLLECTIVE_FRAMES = ("torch/distributed/", "torch\\distributed\\", "c10d")
+
+
+def main_thread_in_collective(text: str) -> bool | None:
+    """Whether the main thread of a stack dump (faulthandler's or py-spy's) waits in a torch.distributed call;
+    None when the dump shows no main thread. The main thread is the block holding ``<module>`` (faulthandler) or
+    named ``MainThread`` (py-spy)."""
+    for block in text.split("\n\n"):
+        if "<module>" in block or '"MainThread"' in block:
+            return any(marker in block for marker in _COLLECTIVE_FRAMES)
+    return None
+
+
+def _read_stack(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-65536:]
+    except OSError:
+        return ""
 
 
 def _has_stack(path: Path) -> bool:

@@ -494,6 +494,7 @@ _SENT_SIGNALS = frozenset({1, 2, 10, 12, 15})  # SIGHUP, SIGINT, SIGUSR1, SIGUSR
 # others only when none is stuck; ranks alive and waiting are secondary.
 _HANG_STUCK = Rule(id="hang:stuck", category=Category.HANG, priority=75, confidence=0.9)
 _HANG_BEHIND = Rule(id="hang:behind", category=Category.HANG, priority=75, confidence=0.6)
+_HANG_OUTSIDE = Rule(id="hang:outside_collective", category=Category.HANG, priority=75, confidence=0.6)
 _HANG_NONE = Rule(id="hang:no_progress", category=Category.HANG, priority=75, confidence=0.5, blame=False)
 _HANG_WAITING = Rule(id="hang:waiting", category=Category.HANG, priority=5, confidence=0.3, secondary=True)
 _PROC_STATES = {"T": "stopped (state T)", "t": "stopped by a tracer (state t)", "D": "in uninterruptible sleep "
@@ -560,31 +561,43 @@ def _hang_findings(states: Iterable[RankState]) -> list[Finding]:
     states = list(states)
     if not states:
         return []
-    stuck = [s for s in states if _stuck_reason(s)]
-    behind: list[RankState] = []
-    if not stuck:  # a rank without a heartbeat never reached its first step: behind any that did
-        steps = {s.rank: -1 if s.step is None else s.step for s in states}
-        if min(steps.values()) < max(steps.values()):
-            behind = [s for s in states if steps[s.rank] == min(steps.values())]
+    stuck, behind, outside = _hang_suspects(states)
     stacked = sorted(s.rank for s in states if s.stack)
     stacks = f"; Python stacks of ranks {_ranges(stacked)} saved (stack.rank<R>.txt)" if stacked else ""
+    waiting = _ranges(sorted(w.rank for w in states if w.in_collective))
     found = []
     for s in states:
         label = f"rank {s.rank}" + (f" ({s.host})" if s.host else "")
-        stack = stacks if s in stuck or s in behind else ""
         at = f" at step {s.step}" if s.step is not None else ""
         if s in stuck:
-            text, rule = f"{label}: {_stuck_reason(s)}{at}{stack}", _HANG_STUCK
+            text, rule = f"{label}: {_stuck_reason(s)}{at}{stacks}", _HANG_STUCK
         elif s in behind:
-            text, rule = f"{label}: behind the others{at}, its peers wait for it{stack}", _HANG_BEHIND
+            text, rule = f"{label}: behind the others{at}, its peers wait for it{stacks}", _HANG_BEHIND
+        elif s in outside:
+            text, rule = f"{label}: not in a collective{at} while ranks {waiting} wait in one{stacks}", _HANG_OUTSIDE
         else:
             state = f", state {s.state}" if s.state else ""
-            text, rule = f"{label}: alive and waiting{at}{state}{stack}", _HANG_WAITING
+            text, rule = f"{label}: alive and waiting{at}{state}", _HANG_WAITING
         found.append(Finding(rule, text, "hang", node=s.host, rank=s.rank))
-    if not stuck and not behind:
+    if not (stuck or behind or outside):
         found.append(Finding(_HANG_NONE, f"no progress on any of {len(states)} ranks, all alive: no rank singled "
                                          f"out{stacks}", "hang"))
     return found
+
+
+def _hang_suspects(states: list[RankState]) -> tuple[list[RankState], list[RankState], list[RankState]]:
+    """(stuck, behind, outside a collective), each tried only when the one before found nobody: stuck (stopped,
+    uninterruptible, gone, liveness stopped); behind the others' step (no heartbeat: before step 1); its main
+    thread not in a collective while others wait in one."""
+    stuck = [s for s in states if _stuck_reason(s)]
+    if stuck:
+        return stuck, [], []
+    steps = {s.rank: -1 if s.step is None else s.step for s in states}
+    if min(steps.values()) < max(steps.values()):
+        return [], [s for s in states if steps[s.rank] == min(steps.values())], []
+    if any(s.in_collective for s in states):
+        return [], [], [s for s in states if s.in_collective is False]
+    return [], [], []
 
 
 def _stuck_reason(s: RankState) -> str:

@@ -124,7 +124,8 @@ class RankState:
     """One rank of a hung attempt as its node saw it before the kill: ``state`` is the process state letter from
     ``/proc/<pid>/stat`` (``R`` running, ``S`` sleeping, ``D`` uninterruptible, ``T`` stopped, ``Z`` zombie, ``""``
     gone or not readable), ``live`` whether its liveness beat was fresh, ``step`` its last progress, ``stack``
-    the file holding its Python stacks (faulthandler or py-spy; "" none)."""
+    the file holding its Python stacks (faulthandler or py-spy; "" none), ``in_collective`` whether its main
+    thread waits in a torch.distributed call (None: no stack to tell)."""
 
     rank: int
     host: str = ""
@@ -134,6 +135,7 @@ class RankState:
     step: int | None = None
     wchan: str = ""
     stack: str = ""
+    in_collective: bool | None = None
 
 
 def signal_name(number: int) -> str:

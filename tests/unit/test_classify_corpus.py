@@ -53,7 +53,8 @@ def test_every_rule_has_a_case():
     missing += [f"xid:{k.value}" for k in XidKind if k is not XidKind.WATCH and f"xid:{k.value}" not in fired]
     missing += [r for r in ("nvml:gpu_lost", "nvml:fault", "nvml:pending", "nvml:wear", "torchrun:root_cause",
                             "rank_end:oom_kill", "rank_end:killed", "rank_end:exit", "rank_end:after_root",
-                            "hang:stuck", "hang:behind", "hang:no_progress", "hang:waiting", "nvml:recovery_action")
+                            "hang:stuck", "hang:behind", "hang:no_progress", "hang:waiting", "hang:outside_collective",
+                            "nvml:recovery_action")
                 if r not in fired]
     assert missing == []
 

@@ -61,3 +61,36 @@ def test_helper_runs_one_task_per_node_beside_the_step(tmp_path):
     argv = helper_argv(["n1", "n2"], tmp_path)
     assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap"]
     assert argv[-4:] == ["-m", "slurm_ft.launch_hang", "--run-dir", str(tmp_path)]
+
+
+FAULTHANDLER_WAITING = """Thread 0x00007f624dffb6c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/work/slurm_ft/train/heartbeat.py", line 85 in _live
+
+Current thread 0x00007f6289039b80 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/work/slurm_ft/train/checkpoint.py", line 422 in _agree
+  File "/work/slurm_ft/train/example.py", line 302 in <module>
+"""
+FAULTHANDLER_LOADING = """Current thread 0x00007f6289039b80 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/home/u/data.py", line 40 in next_batch
+  File "/home/u/train.py", line 12 in <module>
+"""
+PYSPY_WAITING = """Process 4242: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    all_reduce (torch/distributed/distributed_c10d.py:3252)
+    step (train.py:80)
+    <module> (train.py:120)
+"""
+
+
+def test_main_thread_in_collective_reads_faulthandler_and_pyspy_dumps():
+    from slurm_ft.launch_hang import main_thread_in_collective
+
+    assert main_thread_in_collective(FAULTHANDLER_WAITING) is True
+    assert main_thread_in_collective(FAULTHANDLER_LOADING) is False  # the heartbeat thread alone is no collective
+    assert main_thread_in_collective(PYSPY_WAITING) is True
+    assert main_thread_in_collective("Thread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n") is None

@@ -48,7 +48,11 @@ def _first_line(rank: int | None, verdict: Verdict, evidence: Evidence) -> str:
     if end is not None:
         last = next((line.strip() for line in reversed(end.tail.splitlines()) if line.strip()), "")
         return _clip(end.how() + (f"; its last stderr line: {last}" if last else ""))
-    return _clip(verdict.evidence[0]) if verdict.evidence else "no evidence"
+    line = verdict.evidence[0] if verdict.evidence else "no evidence"
+    prefix = f"rank {rank} ("
+    if rank is not None and line.startswith(prefix) and "): " in line:  # "rank 1 (n2): stopped": said already
+        line = line.split("): ", 1)[1]
+    return _clip(line)
 
 
 def _clip(text: str, limit: int = 240) -> str:
@@ -65,5 +69,5 @@ def paragraph(attempt: int, verdict: Verdict, cause: dict[str, Any]) -> str:
              f"slurm-ft:   verdict {verdict.category.value}, action {verdict.action.value}, "
              f"confidence {verdict.confidence:.2f}"]
     if secondary:
-        lines.append(f"slurm-ft:   {secondary[0]} (errors of ranks that failed because of it)")
+        lines.append(f"slurm-ft:   {secondary[0]} (ranks that failed or waited because of it)")
     return "\n".join(lines)

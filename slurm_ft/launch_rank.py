@@ -140,7 +140,8 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
     for sig in (*OUTLIVED, records.STACK_SIGNAL):
         signal.signal(sig, _outlive)  # a Python handler: exec resets it to the default for the child
     before = oom_kills()
-    child = subprocess.Popen(list(command), stderr=subprocess.PIPE)
+    # close_fds=False: the child gets every descriptor the task got (a PMI socket ...), as it would unwrapped.
+    child = subprocess.Popen(list(command), stderr=subprocess.PIPE, close_fds=False)
     tee = StderrTee(child.stderr.fileno())
     while True:
         try:

@@ -88,3 +88,16 @@ def test_the_wrapper_steps_aside_for_torchruns_agent():
     assert is_agent(["torchrun", "--nproc-per-node=8", "train.py"])
     assert is_agent(["/opt/venv/bin/python", "-m", "torch.distributed.run", "train.py"])
     assert not is_agent(["python", "-m", "slurm_ft.train.example"]) and not is_agent([])
+
+
+def test_the_child_inherits_the_tasks_descriptors(tmp_path):
+    """slurmstepd may hand a task more than stdio (PMI_FD): the wrapper passes it on."""
+    read_fd, write_fd = os.pipe()
+    os.set_inheritable(write_fd, True)
+    env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "0"}
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.launch_rank", "--", sys.executable, "-c",
+                           f"import os; os.write({write_fd}, b'through')"], env=env, pass_fds=(write_fd,),
+                          timeout=60, check=False)
+    os.close(write_fd)
+    assert done.returncode == 0 and os.read(read_fd, 100) == b"through"
+    os.close(read_fd)

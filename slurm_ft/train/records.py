@@ -194,9 +194,28 @@ def read_errors(run_dir: str | os.PathLike[str]) -> list[ErrorRecord]:
 
 
 def read_ends(run_dir: str | os.PathLike[str]) -> list[RankEnd]:
-    """How each rank of the last attempt ended, earliest first."""
-    return sorted(_read_all(Path(run_dir), END_GLOB, RankEnd), key=lambda r: r.time)
+    """How each rank of the last attempt ended, earliest first (a record of the wrong shape is no evidence)."""
+    return sorted((r for r in _read_all(Path(run_dir), END_GLOB, RankEnd) if _well_typed(r)), key=lambda r: r.time)
 
 
 def read_rank_states(run_dir: str | os.PathLike[str]) -> list[RankState]:
-    return sorted(_read_all(Path(run_dir), HANG_GLOB, RankState), key=lambda r: r.rank)
+    return sorted((r for r in _read_all(Path(run_dir), HANG_GLOB, RankState) if _well_typed(r)),
+                  key=lambda r: r.rank)
+
+
+_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+
+
+def _well_typed(record: Any) -> bool:
+    """Every field of ``record`` holds its annotated type (``int | None`` allows None; a bool is no int)."""
+    for field in dataclasses.fields(record):
+        value, hint = getattr(record, field.name), str(field.type)
+        if value is None and "None" in hint:
+            continue
+        base = hint.split("|")[0].strip()
+        wanted = {"int": int, "float": float, "str": str, "bool": bool}.get(base)
+        if wanted is None:
+            continue
+        if (isinstance(value, bool) and wanted is not bool) or not isinstance(value, _TYPES[wanted]):
+            return False
+    return True

@@ -204,3 +204,15 @@ def test_heartbeat_stack_signal_dumps_every_thread(tmp_path):
         time.sleep(0.02)
     assert "test_heartbeat_stack_signal_dumps_every_thread" in records.stack_path(tmp_path, 5).read_text()
     faulthandler.unregister(beat.stack_signal)
+
+
+def test_end_records_of_the_wrong_shape_are_no_evidence(tmp_path):
+    import json
+
+    records.write_end(tmp_path, records.RankEnd(rank=1, time=2.0, host="n1", signal=9))
+    (tmp_path / "end.rank2.json").write_text(json.dumps({"rank": 2, "time": "soon", "signal": 9}))
+    (tmp_path / "end.rank3.json").write_text(json.dumps({"rank": True, "time": 1.0}))
+    (tmp_path / "end.rank4.json").write_text(json.dumps({"rank": 4, "time": 1, "exit_code": 1, "tail": ["x"]}))
+    assert [e.rank for e in records.read_ends(tmp_path)] == [1]
+    (tmp_path / "hang.rank5.json").write_text(json.dumps({"rank": 5, "state": 7}))
+    assert records.read_rank_states(tmp_path) == []

@@ -11,8 +11,10 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
   the monitor classifies it, quarantines the node, excludes it and sets the resume hint; the job resumes elsewhere;
 - ``user-error``: the training code raises: one attempt, no requeue, the verdict in the job's Comment.
 
-Then a table (fault, verdict, detection, recovery, steps lost, parameters equal to the clean run's) and ETTR (the
-clean run's wall time over each recovered run's). Exit 0 only when every check held.
+Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's) and
+ETTR (the clean run's wall time over each recovered run's). The verdict is the launcher's ``verdict`` event (the
+monitor's for a job whose launcher died with its node), in the design's category words only; the culprit is the
+rank and node that failed first. Exit 0 only when every check held.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from slurm_ft import config as ft_config
 from slurm_ft.errors import SlurmFtError
+from slurm_ft.classify.taxonomy import Category, culprit_text
 from slurm_ft.faults import crash_node, fault_timing, read_events, signal_rank
 from slurm_ft.slurm.types import JobInfo, JobState
 from slurm_ft.train.records import read_heartbeats
@@ -161,7 +164,7 @@ def show_launcher_events(run: Run, say: Callable[[str], None]) -> None:
                 + (f", no progress on ranks {event['hung_ranks']}" if event["hung_ranks"] else "") + ")")
         elif kind == "verdict":
             say(f"{run.name}: launcher verdict {event['verdict']['category']} "
-                f"(recoverable={event['verdict']['recoverable']})")
+                f"(recoverable={event['verdict']['recoverable']}), culprit {culprit_text(event['verdict'])}")
         elif kind in ("restart_in_place", "spare_swap"):
             say(f"{run.name}: launcher {kind.replace('_', ' ')}")
         elif kind == "attempt_start" and event.get("resume_step") is not None:
@@ -185,13 +188,14 @@ class MonitorThread:
         self.monitor = Monitor(MonitorConfig(state_dir=state, poll_interval_s=1.0), lab.client(), classify,
                                quarantine=self.quarantine)
         self.stop = threading.Event()
+        self.verdicts: dict[int, dict[str, Any]] = {}  # job id -> the monitor's verdict on it
         self.thread = threading.Thread(target=self.monitor.run, daemon=True,
                                        kwargs={"stop": self.stop.is_set, "sleep": self.stop.wait})
         logger = self.logger = logging.getLogger("slurm_ft.monitor")
         self._saved_logger = (logger.propagate, logger.level, list(logger.handlers))
         logger.propagate = False
         logger.setLevel(logging.INFO)
-        logger.handlers[:] = [logging.FileHandler(log_path), _ShortMonitorLines(say)]
+        logger.handlers[:] = [logging.FileHandler(log_path), _ShortMonitorLines(say, self.verdicts)]
 
     def __enter__(self) -> "MonitorThread":
         self.thread.start()
@@ -210,9 +214,9 @@ class MonitorThread:
 
 
 class _ShortMonitorLines(logging.Handler):
-    def __init__(self, say: Callable[[str], None]) -> None:
+    def __init__(self, say: Callable[[str], None], verdicts: dict[int, dict[str, Any]]) -> None:
         super().__init__(logging.INFO)
-        self.say = say
+        self.say, self.verdicts = say, verdicts
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -222,10 +226,10 @@ class _ShortMonitorLines(logging.Handler):
         kind, job = event.get("event"), event.get("job_id")
         if kind in ("job_failed", "job_requeued_by_slurm"):
             verdict = event["verdict"]
-            culprit = verdict["culprit"]
-            blame = ", ".join([*culprit["nodes"], *(f"rank {r}" for r in culprit["ranks"])]) or "-"
+            if isinstance(job, int):
+                self.verdicts[job] = verdict
             self.say(f"monitor: job {job} {event.get('state', 'requeued by Slurm')}: {verdict['category']} "
-                     f"(culprit {blame}) -> {event.get('decision', 'adopt and exclude')}")
+                     f"(culprit {culprit_text(verdict)}) -> {event.get('decision', 'adopt and exclude')}")
         elif kind == "node_strike":
             self.say(f"monitor: node {event['node']} struck ({event['category']}) -> {event['state']}")
         elif kind == "job_requeued":
@@ -257,7 +261,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
             for run in runs:
                 run.final = lab.client().job(run.job_id)
                 run.result = _result(workdir / f"slurm-{run.job_id}.out")
-            table, failed = summarize_runs(cfg, runs, lab, monitor.quarantine)
+            table, failed = summarize_runs(cfg, runs, lab, monitor.quarantine, monitor.verdicts)
             for run in runs:
                 if run.victim:
                     _restore(lab, monitor.quarantine, run.victim)
@@ -316,26 +320,30 @@ def _restore(lab: Any, quarantine: Any, node: str) -> None:
 
 
 # --- the summary ------------------------------------------------------------------------------------------------
-def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any) -> tuple[str, list[str]]:
+def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
+                   monitor_verdicts: dict[int, dict[str, Any]] | None = None) -> tuple[str, list[str]]:
     clean = next(r for r in runs if r.name == "clean")
     clean_wall = fault_timing(read_events(clean.run_dir), fault_time=0.0, fault_step=0).wall_s or 0.0
     reference = (clean.result or {}).get("param_sha256")
     nodes = {n.name: n for n in lab.client().nodes()}
-    rows = [("fault", "verdict", "detection", "recovery", "steps lost", "requeues", "params", "ETTR")]
+    rows = [("fault", "verdict", "culprit", "detection", "recovery", "steps lost", "requeues", "params", "ETTR")]
     failed: list[str] = []
     walls = []
     for run in sorted(runs, key=lambda r: SCENARIOS.index(r.name)):
         events = read_events(run.run_dir) if (run.run_dir / "events.jsonl").exists() else []
         timing = None if run.fault_time is None else fault_timing(
             events, fault_time=run.fault_time, fault_step=run.fault_step or 0, detected_at=run.detected_at)
+        verdict = verdict_of(run, events, (monitor_verdicts or {}).get(run.job_id))
         checks = run_checks(cfg, run, timing, events, reference, nodes, quarantine)
+        checks += culprit_checks(run, events, verdict)
         failed += [f"{run.name}: {what}" for what, held in checks if not held]
         wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
         same = run.result is not None and run.result.get("param_sha256") == reference
         ratio = clean_wall / wall if wall and run.name in ("kill-rank", "hang", "node-death") and same else None
         if ratio is not None:
             walls.append(wall)
-        rows.append((run.name, verdict_of(run, events), _secs(timing and timing.detection_s),
+        rows.append((run.name, verdict["category"] if verdict else "-", culprit_text(verdict) if verdict else "-",
+                     _secs(timing and timing.detection_s),
                      _secs(timing and timing.recovery_s), "-" if timing is None else str(timing.steps_lost),
                      str(run.final.restart_count if run.final else "-"),
                      "-" if run.result is None else ("equal" if same else "DIFFERENT"),
@@ -381,12 +389,37 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
     return checks
 
 
-def verdict_of(run: Run, events: list[dict]) -> str:
-    comment = run.final.comment if run.final else ""
-    if "cause=" in comment:
-        return comment.split("cause=", 1)[1].split()[0]
-    kinds = [e["kind"] for e in events if e["event"] == "fault_detected"]
-    return {"hung": "hang", "failed": "crash"}.get(kinds[0], kinds[0]) if kinds else "-"
+def verdict_of(run: Run, events: list[dict], monitor_verdict: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The verdict on the run's first fault: the launcher's first ``verdict`` event, else the monitor's (a launcher
+    that died with its node judged nothing); None for a run without a fault."""
+    launcher = next((e["verdict"] for e in events if e["event"] == "verdict"), None)
+    return launcher if launcher is not None else monitor_verdict
+
+
+def rank_node(run: Run, rank: int) -> str:
+    """Where ``rank`` ran in the first attempt (its heartbeat's host; a run of one attempt keeps them in place)."""
+    first = run.run_dir / "attempt-1"
+    beats = [b for b in read_heartbeats(first if first.is_dir() else run.run_dir) if b.rank == rank]
+    return beats[0].host if beats else ""
+
+
+def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None) -> list[tuple[str, bool]]:
+    """The verdict names the rank the demo faulted (rank 1) and its node, in the design's words."""
+    words = {c.value for c in Category}
+    if run.name == "clean":
+        return [("no verdict", verdict is None)]
+    checks = [("a verdict in the design's words", verdict is not None and verdict["category"] in words)]
+    if run.name in ("kill-rank", "hang", "user-error"):
+        node = rank_node(run, 1)
+        culprit = (verdict or {}).get("culprit", {})
+        checks += [(f"culprit rank 1 on {node or '?'} only", bool(node) and culprit.get("ranks") == [1]
+                    and culprit.get("nodes") == [node]),
+                   ("a verdict event in events.jsonl", any(e["event"] == "verdict" for e in events))]
+    if run.name == "kill-rank":
+        checks.append(("not network", verdict is not None and verdict["category"] != Category.NETWORK.value))
+    if run.name == "hang":
+        checks.append(("hang", verdict is not None and verdict["category"] == Category.HANG.value))
+    return checks
 
 
 def _secs(value: float | None) -> str:

@@ -182,13 +182,20 @@ def crash_node(lab, node: str) -> list[int]:
 
 
 def rank_pid(lab, job_id: int, rank: int) -> int | None:
-    """The pid of global rank ``rank`` of job ``job_id``'s newest step (the task slurmstepd started)."""
+    """The pid of global rank ``rank`` of job ``job_id``'s newest step: the task slurmstepd started, or the
+    training process under it when that task is the launcher's per-rank wrapper (``slurm_ft.launch_rank``)."""
     from slurm_ft.lab import procs
 
-    tasks = [(int(env["SLURM_STEP_ID"]), pid) for pid, env in
-             _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
+    found = _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
+    tasks = [(int(env["SLURM_STEP_ID"]), pid) for pid, env in found
              if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(_parent(pid)) == "slurmstepd"]
-    return max(tasks)[1] if tasks else None
+    if not tasks:
+        return None
+    task = max(tasks)[1]
+    if "slurm_ft.launch_rank" not in procs.cmdline(task):
+        return task
+    under = [pid for pid, _ in found if _parent(pid) == task]
+    return under[0] if under else None
 
 
 def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:

@@ -16,9 +16,15 @@ hang, and the attempt is killed. After a failed attempt:
   Slurm requeues it, with the node's state as evidence for the monitor), then exit ``EX_TEMPFAIL`` (75) with
   ``slurm-ft: tempfail bad_nodes=...`` in the job's Comment: the monitor requeues the job without those nodes.
 
-Between attempts the run directory's heartbeats and error files move to ``attempt-<N>/`` (evidence); those a
-requeued job finds from its previous run move to ``earlier/``. Events go
-to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``first_step``, ``exit``.
+Every rank runs under a tiny wrapper (``slurm_ft.launch_rank``) that records how and when it ended; before killing
+a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch_hang``).
+Every failed or hung attempt gets a ``verdict`` event naming the culprit rank and node (``slurm_ft.launch_verdict``)
+and a short root cause paragraph in the job's output.
+
+Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
+``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
+to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``verdict``, ``first_step``,
+``exit``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -42,12 +49,14 @@ from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.slurm.types import NodeInfo
-from slurm_ft.train.records import ERROR_GLOB, HEARTBEAT_GLOB, read_errors, read_heartbeats, run_dir_for
+from slurm_ft.train.records import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
+                                    read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
 
 log = logging.getLogger("slurm_ft.launch")
 
 EX_TEMPFAIL = 75  # sysexits.h: the allocation cannot recover; the monitor should requeue the job
 EVENTS_FILE = "events.jsonl"
+LIVENESS_STALE_S = 6.0  # a rank's liveness beat (every 2 s by default) unchanged this long: the rank is stuck itself
 
 
 class Outcome(str, enum.Enum):
@@ -64,7 +73,8 @@ class LaunchConfig:
     ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: in-place
     retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
     (a rank wrote its error file: how long srun may take to end the step by itself), ``probe_timeout_s``
-    (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait)."""
+    (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
+    (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``)."""
 
     command: tuple[str, ...]
     nodes: int | None = None
@@ -79,6 +89,7 @@ class LaunchConfig:
     error_grace_s: float = 3.0
     probe_timeout_s: float = 10.0
     node_fail_wait_s: float = 60.0
+    rank_records: bool = True
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -182,12 +193,21 @@ class HangWatch:
     def __init__(self, ranks: int, started: float, *, timeout_s: float, grace_s: float) -> None:
         self.ranks, self.started, self.timeout_s, self.grace_s = ranks, started, timeout_s, grace_s
         self.progress: dict[int, tuple[int, float]] = {}  # rank -> (step, when we saw it change)
+        self.alive: dict[int, tuple[float, float]] = {}  # rank -> (liveness beat, when we saw it change)
 
     def update(self, beats: Sequence[Any], now: float) -> None:
         for beat in beats:
             seen = self.progress.get(beat.rank)
             if seen is None or beat.step != seen[0]:
                 self.progress[beat.rank] = (beat.step, now)
+            alive = getattr(beat, "alive", None)
+            if alive is not None and (beat.rank not in self.alive or alive != self.alive[beat.rank][0]):
+                self.alive[beat.rank] = (alive, now)
+
+    def live(self, now: float, stale_s: float = LIVENESS_STALE_S) -> dict[int, bool | None]:
+        """Per rank: did its liveness beat change within ``stale_s`` (on our clock)? None: it has no liveness beat."""
+        return {rank: None if rank not in self.alive else now - self.alive[rank][1] < stale_s
+                for rank in range(self.ranks)}
 
     def hung(self, now: float) -> list[int]:
         """Ranks with no progress for the timeout since their last step; a rank not seen yet (importing,
@@ -210,6 +230,7 @@ class AttemptResult:
     exit_code: int
     time: float
     hung_ranks: tuple[int, ...] = ()
+    hang: tuple[RankState, ...] = ()  # a hung attempt's ranks as their nodes saw them before the kill
 
 
 class Launcher:
@@ -221,7 +242,8 @@ class Launcher:
                  sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
                  resume_step: int | None = None, probe: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
                  set_comment: Callable[[str], None] | None = None, requeues: int = 0,
-                 restart_cause: str | None = None) -> None:
+                 restart_cause: str | None = None,
+                 gather_hang: Callable[[Sequence[str], Path], str] | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -230,6 +252,7 @@ class Launcher:
         self.resume_step = resume_step
         self.restart_cause = restart_cause  # why the first attempt is a restart (the requeue's cause), else None
         self.probe, self.set_comment = probe, set_comment
+        self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch_hang); "" or why not
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
         if self.wanted < 1 or self.wanted > len(self.allocation):
@@ -264,6 +287,7 @@ class Launcher:
                         hung_ranks=list(result.hung_ranks), attempt=self.attempts)
             self._failure = (Category.HANG if result.outcome is Outcome.HUNG else Category.UNKNOWN).value
             sick = self._sick(chosen)
+            verdict = self._judge(result, sick)
             if sick:
                 self._failure = Category.HARDWARE_NODE.value
                 bad |= sick
@@ -271,7 +295,7 @@ class Launcher:
                     return self._give_up(sick, bad)
                 self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
                 continue  # a membership change: no retry used
-            if result.outcome is Outcome.FAILED and not self._recoverable():
+            if result.outcome is Outcome.FAILED and not self._recoverable(verdict):
                 from slurm_ft.monitor import stop_comment
 
                 category, reason, evidence = self._stopping
@@ -330,7 +354,7 @@ class Launcher:
         overlap = ["--overlap"] if self.attempts > 1 else []
         argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * cfg.ntasks_per_node}",
                 f"--ntasks-per-node={cfg.ntasks_per_node}", f"--nodelist={','.join(chosen)}",
-                "--kill-on-bad-exit=1", *overlap, *cfg.command]
+                "--kill-on-bad-exit=1", *overlap, *self._wrapped(cfg.command)]
 
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
@@ -354,9 +378,10 @@ class Launcher:
                 self._event("first_step", attempt=self.attempts, step=max(b.step for b in beats), time=now)
             stuck = watch.hung(now)
             if stuck:
+                hang = self._hang_evidence(chosen, watch, now)  # before the kill: stopped ranks, stacks
                 self._kill(proc)
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
-                                     hung_ranks=tuple(stuck))
+                                     hung_ranks=tuple(stuck), hang=hang)
             failed_since = failed_since or (now if self._rank_failed() else None)
             if failed_since is not None and now - failed_since >= cfg.error_grace_s:
                 # srun waits for every task; one on a dead node never reports back. The ranks that could
@@ -372,8 +397,40 @@ class Launcher:
         return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
     def _rank_failed(self) -> bool:
-        """A rank of this attempt wrote its error file (earlier attempts' files were archived)."""
-        return any(p.is_file() for p in self.config.run_dir.glob(ERROR_GLOB))
+        """A rank of this attempt wrote its error file or ended badly (earlier attempts' files were archived)."""
+        return (any(p.is_file() for p in self.config.run_dir.glob(ERROR_GLOB))
+                or any(end.failed for end in read_ends(self.config.run_dir)))
+
+    def _wrapped(self, command: Sequence[str]) -> list[str]:
+        """The command under the per-rank wrapper that records how each rank ended."""
+        if not self.config.rank_records:
+            return list(command)
+        return [sys.executable, "-m", "slurm_ft.launch_rank", "--", *command]
+
+    def _hang_evidence(self, chosen: list[str], watch: HangWatch, now: float) -> tuple[RankState, ...]:
+        """Every rank's process state and stacks, read on its node, plus liveness and step as we saw them."""
+        from slurm_ft.launch_hang import rank_states
+
+        why = self.gather_hang(chosen, self.config.run_dir) if self.gather_hang is not None else "not asked"
+        if why:
+            self._event("hang_evidence_partial", attempt=self.attempts, why=why)
+        return rank_states(watch.ranks, read_heartbeats(self.config.run_dir), read_rank_states(self.config.run_dir),
+                           watch.live(now))
+
+    def _judge(self, result: AttemptResult, sick: set[str]) -> Any:
+        """The attempt's verdict (culprit rank and node), as a ``verdict`` event and a root cause paragraph."""
+        if self.classify_fn is None:
+            return None
+        from slurm_ft.launch_verdict import attempt_evidence, paragraph, root_cause
+
+        evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick)
+        verdict = self.classify_fn(evidence)
+        cause = root_cause(verdict, evidence)
+        self._event("verdict", attempt=self.attempts, outcome=result.outcome.value, root_cause_rank=cause["rank"],
+                    root_cause=cause, verdict=verdict.to_dict())
+        print(paragraph(self.attempts, verdict, cause), file=sys.stderr, flush=True)
+        self._failure = verdict.category.value
+        return verdict
 
     def _kill(self, proc: Process, grace_s: float | None = None) -> None:
         proc.terminate()
@@ -400,22 +457,19 @@ class Launcher:
             env.pop(ft_env.PREFIX + ft_env.RESTART_CAUSE, None)
         return env
 
-    def _recoverable(self) -> bool:
-        """Judge the attempt's error files (earliest first) as the monitor would, inside the allocation."""
+    def _recoverable(self, verdict: Any) -> bool:
+        """The attempt's verdict (``_judge``) allows another try, and its root cause is not the last one's again."""
         errors = read_errors(self.config.run_dir)
-        if not errors:
-            return True  # no evidence of a code bug: a rank or node died, try again
-        root = errors[0]
+        category = verdict.category.value if verdict is not None else "unknown"
+        culprits = verdict.culprit.ranks if verdict is not None else ()
+        root = next((e for e in errors if e.rank in culprits), errors[0] if errors else None)
+        if root is None:  # no error file: a rank or node died; only the verdict (OOM killer ...) may stop it
+            if verdict is not None and not verdict.recoverable:
+                self._stopping = (category, "not recoverable", list(verdict.evidence[:2]))
+                return False
+            return True
         key = (root.rank, root.exc_type, root.step)
         repeated, self._last_root = key == self._last_root, key
-        verdict = None
-        if self.classify_fn is not None:
-            from slurm_ft.classify.records import Evidence
-
-            verdict = self.classify_fn(Evidence(errors=tuple(errors), in_allocation=True))
-            self._event("verdict", attempt=self.attempts, root_cause_rank=root.rank, verdict=verdict.to_dict())
-        category = verdict.category.value if verdict is not None else "unknown"
-        self._failure = category
         evidence = list(verdict.evidence[:2]) if verdict is not None else [
             f"rank {root.rank}: {root.exc_type}: {root.message}"]
         if repeated:  # the same rank failed the same way at the same step again: deterministic, not a fault
@@ -431,7 +485,8 @@ class Launcher:
 
     def _archive(self, name: str) -> None:
         """Move the heartbeats and error files in the run dir (the last attempt's) to ``<run_dir>/<name>/``."""
-        found = [p for pattern in (HEARTBEAT_GLOB, ERROR_GLOB) for p in self.config.run_dir.glob(pattern)
+        patterns = (HEARTBEAT_GLOB, ERROR_GLOB, END_GLOB, HANG_GLOB, STACK_GLOB)
+        found = [p for pattern in patterns for p in self.config.run_dir.glob(pattern)
                  if p.is_file() and not p.is_symlink()]
         if not found:
             return
@@ -472,6 +527,8 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
                         help="seconds a node may take to run a probe step after a failure (0 off; default 10)")
     parser.add_argument("--node-fail-wait", type=float, default=60.0,
                         help="seconds to wait for Slurm to declare a bad node before exiting 75 (default 60)")
+    parser.add_argument("--no-rank-records", action="store_true",
+                        help="run CMD without the per-rank wrapper that records how each rank ended")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     parser.set_defaults(func=_main)
 
@@ -508,7 +565,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             max_restarts=_int_setting(args.max_restarts, ft_env.MAX_RESTARTS, 3, environ),
                             spare_nodes=_int_setting(args.spare_nodes, ft_env.SPARE_NODES, 0, environ),
                             run_dir=Path(run_dir).absolute(), probe_timeout_s=args.probe_timeout,
-                            node_fail_wait_s=args.node_fail_wait)
+                            node_fail_wait_s=args.node_fail_wait,
+                            rank_records=not getattr(args, "no_rank_records", False))
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 
@@ -571,9 +629,15 @@ def _main(args: argparse.Namespace) -> int:
     from slurm_ft.launch_probe import ProbeConfig, probe_nodes
 
     requeues = environ.get("SLURM_RESTART_COUNT", "0")
+    def gather_hang(nodes: Sequence[str], run_dir: Path) -> str:
+        from slurm_ft.launch_hang import gather_on_nodes
+
+        return gather_on_nodes(nodes, run_dir, environ)
+
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
-                        requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause)
+                        requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
+                        gather_hang=gather_hang)
     return launcher.run()
 
 

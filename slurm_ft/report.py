@@ -1,7 +1,9 @@
 """``slurm-ft report DIR``: one job's attempts, faults and recoveries, from the launcher's ``events.jsonl``.
 
 DIR is the run directory or the checkpoint directory (``<ckpt>/.slurm-ft``). A requeued job appends to the same
-file: its launcher starts again at attempt 1, which the report counts as the next run of the job.
+file: its launcher starts again at attempt 1, which the report counts as the next run of the job. Each failed
+attempt shows its cause (the launcher's verdict, in the design's category words) and its culprit: the rank and
+node that failed first, the first line of its error below the row.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.classify.taxonomy import culprit_text
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.faults import read_events
 from slurm_ft.launch import EVENTS_FILE
@@ -33,6 +36,9 @@ class AttemptRow:
     startup_s: float | None  # start -> first heartbeat
     ended: str  # "succeeded", "failed", "hung", "exit <code>: <why>", or LOST
     end: float | None
+    cause: str = "-"  # the verdict's category ("-": no verdict recorded)
+    culprit: str = "-"  # "rank 1 on n2", "n3", "-"
+    error: str = ""  # the first line of the culprit's real error
 
 
 def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
@@ -52,6 +58,8 @@ def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
             rows[-1]["startup_s"] = event["time"] - rows[-1]["start"]
         elif kind == "fault_detected" and rows[-1]["end"] is None:
             rows[-1].update(ended=event.get("kind", "failed"), end=event["time"])
+        elif kind == "verdict" and isinstance(event.get("verdict"), dict):
+            rows[-1].update(_cause(event))
         elif kind == "exit":
             code = event.get("code")
             ended = "succeeded" if code == 0 else f"exit {code}: {event.get('why', '')}"
@@ -60,6 +68,13 @@ def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
             else:
                 rows[-1]["ended"] += f", then {ended}"
     return [AttemptRow(**row) for row in rows]
+
+
+def _cause(event: dict[str, Any]) -> dict[str, str]:
+    verdict = event["verdict"]
+    cause = event.get("root_cause") if isinstance(event.get("root_cause"), dict) else {}
+    return {"cause": str(verdict.get("category", "-")), "culprit": culprit_text(verdict),
+            "error": str(cause.get("line") or "")}
 
 
 def find_run_dir(path: Path) -> Path:
@@ -75,12 +90,15 @@ def format_report(rows: list[AttemptRow]) -> str:
     if not rows:
         return "no attempts recorded"
     t0 = rows[0].start
-    lines = [f"{'RUN':>3} {'ATT':>3} {'START':>8} {'RESUME':>6} {'STARTUP':>8}  {'NODES':<16} ENDED"]
+    lines = [f"{'RUN':>3} {'ATT':>3} {'START':>8} {'RESUME':>6} {'STARTUP':>8}  {'NODES':<16} {'CAUSE':<13} "
+             f"{'CULPRIT':<16} ENDED"]
     for r in rows:
         resume = "-" if r.resume_step is None else str(r.resume_step)
         startup = "-" if r.startup_s is None else f"{r.startup_s:.1f}s"
         lines.append(f"{r.run:>3} {r.attempt:>3} {r.start - t0:>7.1f}s {resume:>6} {startup:>8}  "
-                     f"{','.join(r.nodes):<16} {r.ended}")
+                     f"{','.join(r.nodes):<16} {r.cause:<13} {r.culprit:<16} {r.ended}")
+        if r.error:
+            lines.append(f"{'':>8}root cause: {r.error}")
     last = rows[-1]
     wall = (last.end or last.start) - t0
     faults = sum(1 for r in rows if r.ended != "succeeded")

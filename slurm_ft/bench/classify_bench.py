@@ -11,6 +11,7 @@ is robust to a noisy machine (``slurm-ft bench classify --speed``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,13 +22,18 @@ from slurm_ft.classify.engine import classify
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import Rules, default_rules
 from slurm_ft.health.records import XidEvent, snapshot_from_dict
+from slurm_ft.train.records import RankEnd, RankState
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-_TOP = {"description", "in_allocation", "job", "log", "error", "xid", "node_event", "nvml", "expect", "source"}
+_TOP = {"description", "in_allocation", "job", "log", "error", "xid", "node_event", "nvml", "expect", "source",
+        "end", "hang", "elastic_error"}
+_END = {f.name for f in dataclasses.fields(RankEnd)}
+_HANG = {f.name for f in dataclasses.fields(RankState)}
+_ELASTIC = {"rank", "host", "file"}
 _JOB = {"state", "reason", "exit_code", "signal", "nodes"}
 _LOG = {"rank", "node", "on", "kind", "text"}
 _NODE_EVENT = {"name", "state", "reason"}
@@ -75,6 +81,20 @@ def _case(name: str, data: dict[str, Any]) -> Case:
         if record is None:
             raise ValueError(f"[[error]] is not an error record: {entry}")
         errors.append(record)
+    for entry in data.get("elastic_error", []):  # a torch elastic error file: {file = JSON text, rank, host}
+        _known(entry, _ELASTIC, "[[elastic_error]]")
+        record = error_record_from_dict(json.loads(entry["file"]), default_rank=entry.get("rank", -1),
+                                        default_host=entry.get("host", ""))
+        if record is None:
+            raise ValueError(f"[[elastic_error]] is not a torch elastic error file: {entry}")
+        errors.append(record)
+    ends, hang = [], []
+    for entry in data.get("end", []):
+        _known(entry, _END, "[[end]]")
+        ends.append(RankEnd(**entry))
+    for entry in data.get("hang", []):
+        _known(entry, _HANG, "[[hang]]")
+        hang.append(RankState(**entry))
     nodes = []
     for entry in data.get("node_event", []):
         _known(entry, _NODE_EVENT, "[[node_event]]")
@@ -86,7 +106,8 @@ def _case(name: str, data: dict[str, Any]) -> Case:
     _known(origin, _SOURCE, "[source]")
     evidence = Evidence(job=job, nodes=tuple(nodes), nvml=tuple(snapshot_from_dict(s) for s in data.get("nvml", [])),
                         kmsg=tuple(XidEvent(**x) for x in data.get("xid", [])), errors=tuple(errors),
-                        logs=tuple(logs), in_allocation=bool(data.get("in_allocation", False)))
+                        logs=tuple(logs), ends=tuple(ends), hang=tuple(hang),
+                        in_allocation=bool(data.get("in_allocation", False)))
     return Case(name=name, description=str(data.get("description", "")), evidence=evidence, expect=expect,
                 source=origin)
 

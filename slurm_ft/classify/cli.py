@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.classify.engine import classify, explain
-from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
+from slurm_ft.classify.records import UNKNOWN_RANK, Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import load_rules
 from slurm_ft.classify.taxonomy import Verdict
 from slurm_ft.config import load_site_config
@@ -44,8 +44,9 @@ def register(subparsers: Any, name: str) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--log", action="append", default=[], metavar="[rank=N,][node=NAME:]PATH",
                    help="a log tail (repeatable); see above for attribution")
-    p.add_argument("--error-file", action="append", default=[], metavar="PATH",
-                   help="a rank error file (error.rankN.json), or a run directory holding them (repeatable)")
+    p.add_argument("--error-file", action="append", default=[], metavar="[rank=N,][node=NAME:]PATH",
+                   help="a rank error file (error.rankN.json), a run directory holding them, or a torch elastic "
+                        "error file (TORCHELASTIC_ERROR_FILE; rank= and node= say whose) (repeatable)")
     p.add_argument("--kmsg", action="append", default=[], metavar="[node=NAME:]PATH",
                    help="a kernel log: dmesg / journalctl -k output (repeatable)")
     p.add_argument("--slurm-state", metavar="STATE", help="the job's end state, e.g. FAILED, NODE_FAIL, TIMEOUT")
@@ -171,13 +172,15 @@ def _log_tail(spec: str) -> LogTail:
 
 
 def _kmsg_tail(spec: str, default_node: str) -> LogTail:
+    """A kernel log of ``node=``, else ``--node``, else the host its journalctl lines name; judged without a
+    node too (its culprit node is then unknown, and the evidence says so)."""
+    from slurm_ft.health.kmsg import journal_host
+
     rank, node, path = parse_log_spec(spec)
     if rank is not None:
         raise SlurmFtError(f"--kmsg {spec!r}: a kernel log belongs to a node (node=NAME:PATH), not a rank")
-    node = node or default_node
-    if not node:
-        raise SlurmFtError(f"--kmsg {spec!r}: name its node (node=NAME:PATH or --node NAME)")
-    return LogTail(source=node, text=_read_tail(path, "kernel log", hint=spec), kind="kmsg")
+    text = _read_tail(path, "kernel log", hint=spec)
+    return LogTail(source=node or default_node or journal_host(text), text=text, kind="kmsg")
 
 
 def _node_event(spec: str) -> NodeEvent:
@@ -227,7 +230,10 @@ def _read_json(path: str | Path, what: str) -> Any:
         raise SlurmFtError(f"{what} {str(path)!r}: JSON nested too deeply") from None
 
 
-def _error_records(path: str) -> list:
+def _error_records(spec: str) -> list:
+    """slurm-ft's error files (a file, or a run directory of them) or a torch elastic error file, whose rank and
+    node ``rank=N,node=NAME:PATH`` gives (it names neither)."""
+    rank, node, path = parse_log_spec(spec) if not Path(spec).exists() else (None, "", spec)
     if Path(path).is_dir():
         files = sorted(p for p in Path(path).glob(ERROR_GLOB) if not p.is_symlink())
         if not files:
@@ -236,9 +242,11 @@ def _error_records(path: str) -> list:
         files = [Path(path)]
     records = []
     for file in files:
-        record = error_record_from_dict(_read_json(file, "error file"))
+        record = error_record_from_dict(_read_json(file, "error file"), default_host=node,
+                                        default_rank=UNKNOWN_RANK if rank is None else rank)
         if record is None:
-            raise SlurmFtError(f"error file {str(file)!r}: not an error record (needs rank, time, exc_type, message)")
+            raise SlurmFtError(f"error file {str(file)!r}: not an error record (slurm-ft's needs rank, time, exc_type, "
+                               "message; torch elastic's a message)")
         records.append(record)
     return records
 

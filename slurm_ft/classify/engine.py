@@ -23,8 +23,8 @@ from slurm_ft.classify.rules import Rule, Rules, default_rules
 from slurm_ft.classify.scan import LineHit
 from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
 from slurm_ft.classify.xid import XidKind, normalize_pci, xid_pid
-from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent
-from slurm_ft.train.records import ErrorRecord
+from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, recovery_action_name
+from slurm_ft.train.records import ErrorRecord, RankEnd, RankState
 
 NODE_BAND = 90
 JOB_BAND = 70
@@ -50,6 +50,8 @@ _NVML_LOST = Rule(id="nvml:gpu_lost", category=Category.HARDWARE_GPU, priority=9
 _NVML_FAULT = Rule(id="nvml:fault", category=Category.HARDWARE_GPU, priority=97, confidence=0.9)
 _NVML_PENDING = Rule(id="nvml:pending", category=Category.HARDWARE_GPU, priority=93, confidence=0.8)
 _NVML_WEAR = Rule(id="nvml:wear", category=Category.HARDWARE_GPU, priority=91, confidence=0.7)
+# The driver's own recovery action for the GPU (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): authoritative node evidence.
+_NVML_ACTION = Rule(id="nvml:recovery_action", category=Category.HARDWARE_GPU, priority=98, confidence=0.95)
 _ROOT_CAUSE = Rule(id="torchrun:root_cause", category=Category.UNKNOWN, priority=5, confidence=0.3)
 _NOTHING = Rule(id="none", category=Category.UNKNOWN, priority=0, confidence=0.1)
 
@@ -88,6 +90,8 @@ class _Context:
         self.root_ranks: set[int] = set()
         self.job_nodes = frozenset(evidence.job.nodes) if evidence.job is not None else frozenset()
         for record in evidence.errors:
+            if record.rank < 0:  # an error file that does not say whose it is
+                continue
             if record.host:
                 self.rank_node.setdefault(record.rank, record.host)
             if isinstance(record.pid, int) and record.pid > 0:
@@ -97,6 +101,22 @@ class _Context:
         for tail in evidence.logs:
             if tail.rank is not None and tail.node:
                 self.rank_node.setdefault(tail.rank, tail.node)
+        self._add_ends(evidence.ends)
+
+    def _add_ends(self, ends: Iterable[RankEnd]) -> None:
+        """The wrapper's end records: where each rank ran, its pid, and when it failed (the earlier of its error
+        file and its end)."""
+        for end in ends:
+            if end.host:
+                self.rank_node.setdefault(end.rank, end.host)
+            if end.pid > 0:
+                self.pid_rank.setdefault((end.host, end.pid), end.rank)
+            if end.failed and end.time == end.time:
+                self.rank_time[end.rank] = min(end.time, self.rank_time.get(end.rank, end.time))
+
+    def first_failure(self) -> float | None:
+        """When the first rank failed (error file or end), if any rank's time is known."""
+        return min(self.rank_time.values(), default=None)
 
     def on_job(self, node: str) -> bool:
         return not self.job_nodes or not node or node in self.job_nodes
@@ -150,6 +170,8 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
         findings += _error_findings(record, rules, scan)
     for tail in evidence.logs:
         findings += _log_findings(tail, ctx, rules, xids, scan)
+    findings += _end_findings(evidence, ctx, rules, xids, scan)
+    findings += _hang_findings(evidence.hang)
     findings += _xid_findings(xids, ctx, rules)
     for i, f in enumerate(findings):
         f.order = i
@@ -237,6 +259,10 @@ def _gpu_problems(gpu: GpuHealth, limits) -> Iterator[tuple[Rule, str]]:
     error = getattr(gpu, "error", "") or ""
     if _is_lost(error, limits.lost_gpu_errors):
         yield _NVML_LOST, f"NVML: {error[:200]}"
+    action = getattr(gpu, "recovery_action", None)
+    if isinstance(action, int) and action != 0:
+        yield _NVML_ACTION, (f"the driver asks for recovery action {recovery_action_name(action)} "
+                             f"(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION={action})")
     if _over(gpu.ecc_volatile_uncorrected, limits.ecc_volatile_uncorrected_max):
         yield _NVML_FAULT, f"{gpu.ecc_volatile_uncorrected} volatile uncorrected ECC errors"
     if limits.remap_failure and gpu.remap_failure:
@@ -289,12 +315,17 @@ def _xid_findings(events: Iterable[XidEvent], ctx: _Context, rules: Rules) -> li
 
 def _error_findings(record: ErrorRecord, rules: Rules, scan) -> list[Finding]:
     limit = rules.limits.max_error_chars
-    text = f"{record.exc_type}: {record.message}"[:limit]
+    text = (f"{record.exc_type}: {record.message}" if record.exc_type else record.message)[:limit]
     if record.traceback:
         text += "\n" + record.traceback[-limit:]
-    label = f"rank {record.rank}" + (f" ({record.host})" if record.host else "") + " error file"
+    rank = record.rank if record.rank >= 0 else None  # a torch elastic error file names no rank
+    label = (f"rank {rank}" if rank is not None else "unattributed") + (f" ({record.host})" if record.host else "")
+    label += " error file"
+    frame = last_user_frame(record.traceback)
+    if frame:
+        label += f" at {frame}"
     hits = scan(rules, "error", text)
-    found = list(_hit_findings(hits, rules, label, "error", rank=record.rank, node=record.host, time=record.time,
+    found = list(_hit_findings(hits, rules, label, "error", rank=rank, node=record.host, time=record.time,
                                limit=rules.limits.max_findings_per_text, first_line_is_type=True))
     if not any(not f.rule.generic for f in found):
         # An error file is written only for an exception raised in the rank's own code: a type no rule knows
@@ -302,21 +333,40 @@ def _error_findings(record: ErrorRecord, rules: Rules, scan) -> list[Finding]:
         rule = rules.exception(record.exc_type) or rules.exceptions.get("*")
         if rule is not None:
             first = text.split("\n", 1)[0]
-            found.append(Finding(rule, f"{label}: {_clip(first)}", "error", node=record.host, rank=record.rank,
+            found.append(Finding(rule, f"{label}: {_clip(first)}", "error", node=record.host, rank=rank,
                                  time=record.time))
     else:
         found = [f for f in found if not f.rule.generic]
     return found
 
 
-def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEvent], scan) -> list[Finding]:
+_FRAME = re.compile(r'^\s*File "([^"]{1,400})", line (\d+), in (\S{1,200})')
+_LIBRARY_PATHS = ("site-packages/", "dist-packages/", "/lib/python", "<frozen ", "<string>")
+
+
+def last_user_frame(traceback_text: str) -> str:
+    """``path:line in func`` of a traceback's innermost frame outside Python's and installed packages' code
+    (where the user's own code raised or called into a library); "" when there is none."""
+    found = ""
+    for line in traceback_text.splitlines()[-400:]:
+        m = _FRAME.match(line)
+        if m and not any(part in m.group(1) for part in _LIBRARY_PATHS):
+            found = f"{m.group(1)}:{m.group(2)} in {m.group(3)}"
+    return found
+
+
+def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEvent], scan,
+                  label: str | None = None) -> list[Finding]:
     text = tail.text[-rules.limits.max_tail_chars:]
     hits = scan(rules, tail.kind, text)
     node = tail.node_name
     if tail.kind == "kmsg":
         xids += [XidEvent(node=node, xid=h.xid[1], pci_bus=h.xid[0], text=h.line.strip(), source="kmsg")
                  for h in hits if h.xid is not None]
-    label = (f"rank {tail.rank}" if tail.rank is not None else node or "unattributed") + f" {tail.kind}"
+    if label is None and tail.kind == "kmsg" and not node:
+        label = "kernel log of an unknown node (culprit node unknown)"
+    elif label is None:
+        label = (f"rank {tail.rank}" if tail.rank is not None else node or "unattributed") + f" {tail.kind}"
     found = list(_hit_findings(hits, rules, label, tail.kind, rank=tail.rank, node=node, time=None,
                                limit=rules.limits.max_findings_per_text, per_line=True))
     if tail.kind == "log" and any("ChildFailedError" in h.line for h in hits):
@@ -385,6 +435,9 @@ def _summary_findings(text: str, ctx: _Context, label: str) -> list[Finding]:
         how = f"exitcode {code}" if code is not None else "failed"
         if code is not None and code < 0:
             how += f" (signal {-code})"
+        error_file = entry.get("error_file", "").strip()
+        if error_file and error_file != "<N/A>":
+            how += f", error file {error_file} (give it to --error-file rank={rank},node={host or '?'}:PATH)"
         text = f"{label}: torchrun first observed failure: rank {rank} on {host or '?'}, {how}"
         found.append(Finding(_ROOT_CAUSE, text, "log", node=host, rank=rank))
     return found
@@ -419,6 +472,144 @@ def _first_int(text: str) -> str | None:
 def _clip(line: str) -> str:
     line = line.strip()
     return line if len(line) <= MAX_EVIDENCE_CHARS else line[: MAX_EVIDENCE_CHARS - 3] + "..."
+
+
+# ---- how each rank ended, and the ranks of a hung attempt (the launcher's own records) ------------------------
+# A rank that died by a signal, wrote no error file and failed before anyone else is the root cause. What it gets:
+# - the OOM killer's kill in its cgroup: oom_host;
+# - SIGKILL without OOM evidence: `unknown` with the rank and its node as culprit. Nothing in the rank's own code
+#   failed (no traceback), so not `user_code`, which would stop a job that a restart fixes; no peer's connection
+#   error makes it `network` either. The operator gets who and where, and the honest "sent from outside, by whom
+#   unknown" (an admin, a watchdog, an OOM killer whose count we could not read);
+# - SIGSEGV, SIGBUS, SIGABRT ...: the rank's own stderr tail decides (CUDA, NCCL, ...), else the signal table;
+# - ranks that ended after it are secondary (killed in the teardown, or failing because it was gone).
+_END_OOM = Rule(id="rank_end:oom_kill", category=Category.OOM_HOST, priority=80, confidence=0.9)
+_END_KILLED = Rule(id="rank_end:killed", category=Category.UNKNOWN, priority=40, confidence=0.6)
+_END_CRASHED = Rule(id="rank_end:crashed", category=Category.UNKNOWN, priority=35, confidence=0.5)
+_END_EXIT = Rule(id="rank_end:exit", category=Category.UNKNOWN, priority=20, confidence=0.4)
+_END_AFTER = Rule(id="rank_end:after_root", category=Category.UNKNOWN, priority=5, confidence=0.2, secondary=True)
+_SIGKILL = 9
+_SENT_SIGNALS = frozenset({1, 2, 10, 12, 15})  # SIGHUP, SIGINT, SIGUSR1, SIGUSR2, SIGTERM: Slurm, scancel, a user
+# A stuck rank (stopped, uninterruptible, gone, or its liveness beat stopped) decides a hang; a rank behind the
+# others only when none is stuck; ranks alive and waiting are secondary.
+_HANG_STUCK = Rule(id="hang:stuck", category=Category.HANG, priority=75, confidence=0.9)
+_HANG_BEHIND = Rule(id="hang:behind", category=Category.HANG, priority=75, confidence=0.6)
+_HANG_OUTSIDE = Rule(id="hang:outside_collective", category=Category.HANG, priority=75, confidence=0.6)
+_HANG_NONE = Rule(id="hang:no_progress", category=Category.HANG, priority=75, confidence=0.5, blame=False)
+_HANG_WAITING = Rule(id="hang:waiting", category=Category.HANG, priority=5, confidence=0.3, secondary=True)
+_PROC_STATES = {"T": "stopped (state T)", "t": "stopped by a tracer (state t)", "D": "in uninterruptible sleep "
+                "(state D)", "Z": "exited, not reaped (state Z)", "X": "gone (state X)"}
+
+
+def _end_findings(evidence: Evidence, ctx: _Context, rules: Rules, xids: list[XidEvent], scan) -> list[Finding]:
+    first = ctx.first_failure()
+    with_error = {r.rank for r in evidence.errors}
+    found: list[Finding] = []
+    for end in evidence.ends:
+        if not end.failed:
+            continue
+        label = f"rank {end.rank}" + (f" ({end.host})" if end.host else "")
+        if first is not None and end.time > first and ctx.rank_time.get(end.rank, end.time) > first:
+            found.append(Finding(_END_AFTER, f"{label}: {end.how()} after the first failure", "end",
+                                 node=end.host, rank=end.rank, time=end.time))
+            continue
+        if end.rank in with_error:
+            continue  # its error file explains it
+        found += _first_end_findings(end, label, rules, xids, scan)
+    return found
+
+
+def _first_end_findings(end: RankEnd, label: str, rules: Rules, xids: list[XidEvent], scan) -> list[Finding]:
+    """A rank that failed first and wrote no error file: its cgroup's OOM kills, its tail, then how it ended."""
+    found: list[Finding] = []
+    where = dict(node=end.host, rank=end.rank, time=end.time)
+    if end.oom_kills:
+        found.append(Finding(_END_OOM, f"{label}: {end.how()}; the OOM killer killed {end.oom_kills} process(es) "
+                                       "in its cgroup", "end", **where))
+    if end.tail:  # its own stderr says why (CUDA, NCCL's watchdog ...): that decides, not the bare signal
+        tail = LogTail(source=end.rank, text=end.tail, node=end.host)
+        said = [f for f in _log_findings(tail, _Context(Evidence()), rules, xids, scan,
+                                         label=f"{label}, {end.how()}, its stderr") if not f.rule.secondary]
+        if said:
+            return found + said
+    found.append(Finding(_end_rule(end, rules), f"{label}: {_end_text(end)}, no error file, before any other "
+                                                "rank failed", "end", **where))
+    return found
+
+
+def _end_rule(end: RankEnd, rules: Rules) -> Rule:
+    """SIGKILL: killed from outside; a signal the table takes as a cause (SIGSEGV, SIGILL ...) or as sent by
+    Slurm or a user (SIGTERM, SIGUSR1 ...: secondary): the table's rule; any other signal: a crash."""
+    if end.signal is None:
+        return _END_EXIT
+    if end.signal == _SIGKILL:
+        return _END_KILLED
+    table = rules.signals.get(end.signal)
+    if table is not None and (not table.secondary or end.signal in _SENT_SIGNALS):
+        return table
+    return _END_CRASHED
+
+
+def _end_text(end: RankEnd) -> str:
+    if end.signal is None or end.oom_kills:
+        return end.how()
+    return end.how() + ("; OOM kills in its cgroup not readable" if end.oom_kills is None
+                        else "; no OOM-killer kill in its cgroup")
+
+
+def _hang_findings(states: Iterable[RankState]) -> list[Finding]:
+    states = list(states)
+    if not states:
+        return []
+    stuck, behind, outside = _hang_suspects(states)
+    stacked = sorted(s.rank for s in states if s.stack)
+    stacks = f"; Python stacks of ranks {_ranges(stacked)} saved (stack.rank<R>.txt)" if stacked else ""
+    waiting = _ranges(sorted(w.rank for w in states if w.in_collective))
+    found = []
+    for s in states:
+        label = f"rank {s.rank}" + (f" ({s.host})" if s.host else "")
+        at = f" at step {s.step}" if s.step is not None else ""
+        if s in stuck:
+            text, rule = f"{label}: {_stuck_reason(s)}{at}{stacks}", _HANG_STUCK
+        elif s in behind:
+            text, rule = f"{label}: behind the others{at}, its peers wait for it{stacks}", _HANG_BEHIND
+        elif s in outside:
+            text, rule = f"{label}: not in a collective{at} while ranks {waiting} wait in one{stacks}", _HANG_OUTSIDE
+        else:
+            state = f", state {s.state}" if s.state else ""
+            text, rule = f"{label}: alive and waiting{at}{state}", _HANG_WAITING
+        found.append(Finding(rule, text, "hang", node=s.host, rank=s.rank))
+    if not (stuck or behind or outside):
+        found.append(Finding(_HANG_NONE, f"no progress on any of {len(states)} ranks, all alive: no rank singled "
+                                         f"out{stacks}", "hang"))
+    return found
+
+
+def _hang_suspects(states: list[RankState]) -> tuple[list[RankState], list[RankState], list[RankState]]:
+    """(stuck, behind, outside a collective), each tried only when the one before found nobody: stuck (stopped,
+    uninterruptible, gone, liveness stopped); behind the others' step (no heartbeat: before step 1); its main
+    thread not in a collective while others wait in one."""
+    stuck = [s for s in states if _stuck_reason(s)]
+    if stuck:
+        return stuck, [], []
+    steps = {s.rank: -1 if s.step is None else s.step for s in states}
+    if min(steps.values()) < max(steps.values()):
+        return [], [s for s in states if steps[s.rank] == min(steps.values())], []
+    if any(s.in_collective for s in states):
+        return [], [], [s for s in states if s.in_collective is False]
+    return [], [], []
+
+
+def _stuck_reason(s: RankState) -> str:
+    if s.state in _PROC_STATES:
+        why = f"process {_PROC_STATES[s.state]}" + (f" in {s.wchan}" if s.wchan and s.state == "D" else "")
+    elif s.pid and not s.state and s.live is not True:
+        why = "process gone or not readable"
+    elif s.live is False:
+        why = "liveness beat stopped (the whole process is stuck, not only its training loop)"
+    else:
+        return ""
+    return why
 
 
 # ---- reduction -----------------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ from files. Nothing here does I/O.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from slurm_ft.health.records import NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, NodeInfo
-from slurm_ft.train.records import ErrorRecord
+from slurm_ft.train.records import ErrorRecord, RankEnd, RankState
 
 LOG_KINDS = ("log", "kmsg")
 
@@ -92,7 +93,8 @@ class Evidence:
     ``kmsg`` holds Xid events already parsed from kernel logs; raw kernel log text goes in ``logs`` as
     ``LogTail(source=node, kind="kmsg", ...)`` (its Xid, OOM-killer and MCE lines are read there).
     ``in_allocation`` is True when the allocation is still alive (the launcher asking): recoverable
-    categories then prefer ``restart_in_place``.
+    categories then prefer ``restart_in_place``. ``ends`` says how each rank's process ended (the launcher's
+    per-rank wrapper); ``hang`` is set only for an attempt the launcher found hung: every rank's state then.
     """
 
     job: JobEnd | None = None
@@ -101,10 +103,12 @@ class Evidence:
     kmsg: tuple[XidEvent, ...] = ()
     errors: tuple[ErrorRecord, ...] = ()
     logs: tuple[LogTail, ...] = ()
+    ends: tuple[RankEnd, ...] = ()
+    hang: tuple[RankState, ...] = ()
     in_allocation: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "nvml", "kmsg", "errors", "logs"):
+        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))
@@ -156,10 +160,22 @@ def _report_logs(report: NodeReport) -> list[LogTail]:
 _ERROR_FIELDS = frozenset(f.name for f in dataclasses.fields(ErrorRecord))
 
 
-def error_record_from_dict(data: Mapping[str, Any], *, default_host: str = "") -> ErrorRecord | None:
-    """An ``ErrorRecord`` from its JSON dict; ``None`` when the dict is not one (foreign or torn file)."""
+UNKNOWN_RANK = -1  # an error file that does not say whose it is (torch elastic's): no rank is blamed for it
+
+
+def error_record_from_dict(data: Mapping[str, Any], *, default_host: str = "",
+                           default_rank: int = UNKNOWN_RANK) -> ErrorRecord | None:
+    """An ``ErrorRecord`` from its JSON dict; ``None`` when the dict is not one (foreign or torn file).
+
+    Reads slurm-ft's own error files and torch elastic's (``@record`` / ``TORCHELASTIC_ERROR_FILE``); those carry
+    no rank or host, so ``default_rank`` / ``default_host`` say whose they are (``UNKNOWN_RANK``: nobody's).
+    """
     if not isinstance(data, Mapping):
         return None
+    if "rank" not in data and "message" in data:
+        data = elastic_error_dict(data, rank=default_rank)
+        if data is None:
+            return None
     try:
         values = {k: v for k, v in data.items() if k in _ERROR_FIELDS}
         record = ErrorRecord(**values)
@@ -172,3 +188,28 @@ def error_record_from_dict(data: Mapping[str, Any], *, default_host: str = "") -
     return dataclasses.replace(record, rank=rank, time=when, pid=pid, exc_type=str(record.exc_type),
                                message=str(record.message), traceback=str(record.traceback or ""),
                                host=str(record.host or default_host))
+
+
+def elastic_error_dict(data: Mapping[str, Any], *, rank: int = UNKNOWN_RANK) -> dict[str, Any] | None:
+    """A torch elastic error file as slurm-ft's error dict, or ``None`` when it is not one. Both forms:
+
+    - ``{"message": {"message": "Type: text", "extraInfo": {"py_callstack": "...", "timestamp": "1700000000"}}}``
+      (``ErrorHandler.record_exception``, written by ``@record``);
+    - ``{"message": "text", "timestamp": "1700000000"}`` (the string form ``ProcessFailure`` also accepts).
+    """
+    message = data.get("message")
+    if isinstance(message, Mapping):
+        extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), Mapping) else {}
+        text, stamp, stack = message.get("message"), extra.get("timestamp"), extra.get("py_callstack", "")
+    else:
+        text, stamp, stack = message, data.get("timestamp"), ""
+    if not isinstance(text, str) or not isinstance(stack, str):
+        return None
+    try:
+        when = float(stamp) if stamp not in (None, "") else math.inf  # no time: it sorts after those with one
+    except (TypeError, ValueError):
+        return None
+    exc_type, sep, rest = text.partition(": ")
+    if not sep or " " in exc_type.strip():  # "Signal 9 (SIGKILL) received by PID 12": no exception type
+        exc_type, rest = "", text
+    return {"rank": rank, "time": when, "exc_type": exc_type.strip(), "message": rest, "traceback": stack}

@@ -88,3 +88,12 @@ class Verdict:
             evidence=tuple(data.get("evidence", ())),
             confidence=float(data.get("confidence", 0.5)),
         )
+
+
+def culprit_text(verdict: dict[str, Any]) -> str:
+    """``rank 1 on n2``, ``n3``, or ``-``: who failed first, as a verdict dict (``Verdict.to_dict``) names them."""
+    culprit = verdict.get("culprit") or {}
+    ranks, nodes = list(culprit.get("ranks", ())), list(culprit.get("nodes", ()))
+    if ranks:
+        return ", ".join(f"rank {r}" for r in ranks) + (f" on {', '.join(nodes)}" if nodes else " (node unknown)")
+    return ", ".join(nodes) or "-"

@@ -18,7 +18,7 @@ from slurm_ft import env
 from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
-from slurm_ft.health.records import NvmlSnapshot, XidEvent, snapshot_from_dict
+from slurm_ft.health.records import NvmlSnapshot, XidEvent, recovery_action_name, snapshot_from_dict
 
 # Xids that mean the GPU or its memory/fabric is faulty, so the node must leave service (NVIDIA's Xid
 # catalogue: DBE, row-remap failure, NVLink, fallen off the bus, ECC rate/contained/uncontained, GSP, ...).
@@ -80,7 +80,8 @@ class Finding:
     """One reason a node is not fit to run a job."""
 
     category: Category
-    check: str  # nvml, gpu_count, xid, gpu_lost, ecc, remap, retired_pages, nvlink, temperature, space, quarantine
+    check: str  # nvml, gpu_count, xid, gpu_lost, ecc, remap, retired_pages, nvlink, temperature, space,
+    # quarantine, recovery_action
     evidence: str
 
     def to_dict(self) -> dict[str, str]:
@@ -138,6 +139,9 @@ def _judge_gpu(gpu: Any, config: HealthConfig) -> list[Finding]:
     if gpu.error:
         return [_gpu("gpu_lost", f"{name}: NVML cannot read it: {gpu.error}")]
     found = []
+    if gpu.recovery_action:  # the driver's own word: the GPU needs a reset, the node a reboot or a drain
+        found.append(_gpu("recovery_action", f"{name}: the driver asks for recovery action "
+                                             f"{recovery_action_name(gpu.recovery_action)}"))
     if gpu.ecc_volatile_uncorrected:
         found.append(_gpu("ecc", f"{name}: {gpu.ecc_volatile_uncorrected} uncorrected ECC errors since reset"))
     if gpu.remap_failure:

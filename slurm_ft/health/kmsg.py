@@ -29,6 +29,10 @@ _KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>
 _ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?)\s+(?P<msg>.*)$")
 _BRACKET_RE = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s+(?P<msg>.*)$")
 
+# journalctl -k (short, short-iso, short-precise): "Dec 04 03:12:45 gpu-a02 kernel: ..." or
+# "2026-12-04T03:12:45+0000 gpu-a02 kernel: ...": the host is the word before "kernel:".
+_JOURNAL_RE = re.compile(r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,]+(?:[+-]\d{2}:?\d{2}|Z)?)"
+                         r" (?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,63}) kernel: ")
 MAX_LINE_CHARS = 1024  # a kernel record is at most ~1 KiB; longer "lines" are cut, never trusted whole
 
 
@@ -38,6 +42,12 @@ class LogLine:
 
     time: float | None
     message: str
+
+
+def journal_host(text: str) -> str:
+    """The one host a journalctl kernel log names (its lines carry it); "" when none, or more than one."""
+    hosts = {m.group("host") for line in text.splitlines()[:5000] if (m := _JOURNAL_RE.match(line[:MAX_LINE_CHARS]))}
+    return hosts.pop() if len(hosts) == 1 else ""
 
 
 def parse_line(line: str, *, boot_time: float) -> LogLine | None:

@@ -34,6 +34,8 @@ _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 _NVLINK_MAX_LINKS = 18  # fallback when the module lacks NVML_NVLINK_MAX_LINKS (H100/B200: 18 links per GPU)
 _NVLINK_COUNTERS = (0, 1, 2, 3)  # DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA
 _ERROR_TIMEOUT = 10
+_FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h, R550+)
+_SUCCESS = 0
 
 
 def load_pynvml() -> Any:
@@ -114,7 +116,19 @@ class NvmlProbe:
             nvlink_down=links_down,
             nvlink_errors=link_errors,
             temperature_c=_call(nv.nvmlDeviceGetTemperature, handle, _TEMPERATURE_GPU),
+            recovery_action=self._recovery_action(handle),
         )
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        """The driver's own word on what the GPU needs; None where the driver (or pynvml) lacks the field."""
+        get = getattr(self._nvml, "nvmlDeviceGetFieldValues", None)
+        values = _call(get, handle, [_FI_GPU_RECOVERY_ACTION]) if get is not None else None
+        if not values:
+            return None
+        value = values[0]
+        if int(getattr(value, "nvmlReturn", -1)) != _SUCCESS:
+            return None
+        return int(value.value.uiVal)
 
     def _nvlinks(self, handle: Any) -> tuple[int | None, tuple[int, ...], int | None]:
         """(active links, inactive link ids, summed error counters of active links); None where unsupported."""

@@ -21,7 +21,8 @@ from typing import Any
 
 ERROR_NAMES = {
     1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
-    9: "Driver Not Loaded", 10: "Timeout", 12: "NVML Shared Library Not Found", 15: "GPU is lost",
+    9: "Driver Not Loaded", 10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found",
+    15: "GPU is lost",
     999: "Unknown Error",
 }
 _CODES = {name: code for code, name in ERROR_NAMES.items()}
@@ -38,6 +39,18 @@ class FakeNvmlError(Exception):
 @dataclasses.dataclass
 class _PciInfo:
     busId: bytes  # noqa: N815 - the pynvml field name
+
+
+@dataclasses.dataclass
+class _Value:
+    uiVal: int  # noqa: N815 - the pynvml union member
+
+
+@dataclasses.dataclass
+class _FieldValue:
+    fieldId: int  # noqa: N815
+    nvmlReturn: int  # noqa: N815
+    value: _Value
 
 
 @dataclasses.dataclass
@@ -149,6 +162,16 @@ class FakeNvml:
 
     def nvmlEventSetFree(self, event_set: str) -> None:  # noqa: N802
         return None
+
+    def nvmlDeviceGetFieldValues(self, handle: int, field_ids: list[int]) -> list[_FieldValue]:  # noqa: N802
+        """A GPU's ``"fields": {"230": 2}``; a field it lacks answers NVML_ERROR_NOT_SUPPORTED in its slot, and a
+        spec with ``"field_values": false`` lacks the call (an old driver)."""
+        self._require_init()
+        if self.spec.get("field_values") is False:
+            raise FakeNvmlError(13)  # NVML_ERROR_FUNCTION_NOT_FOUND
+        fields = self.gpus[handle].get("fields") or {}
+        return [_FieldValue(fieldId=f, nvmlReturn=0 if str(f) in fields else 3,
+                            value=_Value(uiVal=int(fields.get(str(f), 0)))) for f in field_ids]
 
     # --- helpers -----------------------------------------------------------------------------------------
     def _require_init(self) -> None:

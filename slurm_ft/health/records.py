@@ -47,6 +47,9 @@ class GpuHealth:
     temperature_c: int | None = None
     nvlink_up: int | None = None  # number of active links (None: no NVLink or not supported)
     error: str = ""  # why NVML could not read this GPU at all (e.g. "GPU is lost"); empty when it could
+    # What the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, R550+): 0 none, 1 GPU reset,
+    # 2 node reboot, 3 drain P2P, 4 drain and reset, ... (RECOVERY_ACTIONS); None: the driver lacks the field.
+    recovery_action: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +116,14 @@ def normalize_pci_bus(text: str) -> str:
         return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev.split('.')[0], 16):02x}"
     except ValueError:
         return text.strip().lower()
+
+
+RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET",
+                    5: "RECOVER_IMEX_DOMAIN", 6: "BUS_RESET", 7: "SYSTEM_REBOOT"}  # nvmlDeviceGpuRecoveryAction_t
+
+
+def recovery_action_name(action: int) -> str:
+    return RECOVERY_ACTIONS.get(action, f"action {action}")
 
 
 def snapshot_from_dict(data: dict[str, Any]) -> NvmlSnapshot:

@@ -1,32 +1,100 @@
-"""Per-rank heartbeat files (format in slurm_ft.train.records), rewritten atomically at most every ``interval_s``."""
+"""Per-rank heartbeat files (format in slurm_ft.train.records): progress from the training loop, liveness from a
+thread.
+
+``beat(step)`` after each step records progress (``step``, ``time``; the file is rewritten at most every
+``interval_s``). A daemon thread rewrites the same record with a fresh ``alive`` every ``liveness_s``, whatever the
+loop does: a rank waiting in a collective for a stuck peer keeps beating, the stuck rank (stopped, in
+uninterruptible sleep, holding the GIL in native code) does not. The launcher tells them apart that way.
+
+``stacks`` (default on): the rank's Python stacks, every thread, go to ``stack.rank<R>.txt`` in the run dir on
+``records.STACK_SIGNAL`` (``faulthandler.register``), for the launcher to collect before it kills a hung attempt;
+``faulthandler`` is enabled for fatal signals too (SIGSEGV ...: the stack lands in the rank's stderr tail).
+"""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from slurm_ft.train import records
 
+DEFAULT_LIVENESS_S = 2.0
+
 
 class HeartbeatWriter:
-    """``beat(step)`` after each step; the monitor/launcher treat a stale file as a hung rank."""
+    """``beat(step)`` after each step; the launcher treats a rank without progress as hung, and among hung ranks
+    the one whose liveness stopped as the stuck one."""
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int, *, interval_s: float = 0.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, liveness_s: float = DEFAULT_LIVENESS_S,
+                 stacks: bool = True) -> None:
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
+        if liveness_s < 0:
+            raise ValueError(f"liveness_s must be >= 0 (0 = no liveness thread), got {liveness_s}")
         self.run_dir, self.rank, self.interval_s, self._clock = Path(run_dir), rank, interval_s, clock
+        self.liveness_s = liveness_s
         self._host, self._pid = records.node_name(), os.getpid()
         self._last = float("-inf")
+        self._lock = threading.Lock()
+        self._progress: tuple[int, float] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stack_file: IO[str] | None = None
+        self._stack_signal = self._register_stacks() if stacks else None
 
     def beat(self, step: int, *, force: bool = False) -> bool:
-        """Write the heartbeat for ``step``; returns False when skipped by the interval."""
+        """Record progress at ``step``; returns False when the file write was skipped by the interval."""
         now = self._clock()
+        with self._lock:
+            self._progress = (step, now)
         if not force and now - self._last < self.interval_s:
             return False
-        records.write_heartbeat(self.run_dir, records.Heartbeat(rank=self.rank, step=step, time=now,
-                                                                host=self._host, pid=self._pid))
+        self._write(now)
         self._last = now
+        self._start_liveness()
         return True
+
+    def close(self) -> None:
+        """Stop the liveness thread (the process ending stops it too: it is a daemon)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _write(self, alive: float) -> None:
+        with self._lock:
+            if self._progress is None:
+                return
+            step, when = self._progress
+            records.write_heartbeat(self.run_dir, records.Heartbeat(
+                rank=self.rank, step=step, time=when, host=self._host, pid=self._pid,
+                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal))
+
+    def _start_liveness(self) -> None:
+        if self._thread is not None or self.liveness_s <= 0:
+            return
+        self._thread = threading.Thread(target=self._live, name=f"slurm-ft-liveness-rank{self.rank}", daemon=True)
+        self._thread.start()
+
+    def _live(self) -> None:
+        while not self._stop.wait(self.liveness_s):
+            try:
+                self._write(self._clock())
+            except OSError:
+                continue  # a full or flaky run dir: the next beat tries again; the launcher sees a stale one
+
+    def _register_stacks(self) -> int | None:
+        try:
+            if not faulthandler.is_enabled():
+                faulthandler.enable()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._stack_file = open(records.stack_path(self.run_dir, self.rank), "w")  # noqa: SIM115 - kept open
+            faulthandler.register(records.STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
+        except (OSError, ValueError, RuntimeError, AttributeError):
+            return None  # no stacks from this rank; the launcher then tries py-spy
+        return int(records.STACK_SIGNAL)

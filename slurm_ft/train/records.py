@@ -5,6 +5,15 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
 - ``heartbeat.rank<R>.json``: ``{"rank", "step", "time", "host", "pid"}``, rewritten atomically every step
 - ``error.rank<R>.json``: ``{"rank", "host", "time", "exc_type", "message", "traceback", "step", "pid"}``,
   written once when a rank dies of an exception. The earliest ``time`` is the root cause.
+- ``end.rank<R>.json``: how the rank's process ended (``RankEnd``: exit code or signal, time, node, pid, OOM
+  kills in its cgroup, the tail of its stderr), written by the launcher's per-rank wrapper
+  (``slurm_ft.launch_rank``), also for a death no Python code sees (SIGKILL, SIGSEGV).
+- ``hang.rank<R>.json``: a hung attempt's rank as its node saw it before the kill (``RankState``: process state,
+  liveness, stack file), written by ``slurm_ft.launch_hang``; ``stack.rank<R>.txt``: its Python stacks.
+
+The heartbeat's ``step`` and ``time`` are progress (written by the training loop); ``alive`` is liveness (rewritten
+by a thread every ``HeartbeatWriter.liveness_s`` whatever the loop does): a rank whose ``alive`` stops is stuck
+itself, one whose ``alive`` goes on without progress waits for someone else.
 """
 
 from __future__ import annotations
@@ -13,15 +22,21 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 HEARTBEAT_GLOB = "heartbeat.rank*.json"
 ERROR_GLOB = "error.rank*.json"
+END_GLOB = "end.rank*.json"
+HANG_GLOB = "hang.rank*.json"
+STACK_GLOB = "stack.rank*.txt"
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
+STACK_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler writes its stacks on it (sent only to ranks announcing it)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -43,13 +58,27 @@ def error_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / f"error.rank{rank}.json"
 
 
+def end_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"end.rank{rank}.json"
+
+
+def hang_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"hang.rank{rank}.json"
+
+
+def stack_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"stack.rank{rank}.txt"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
     rank: int
     step: int
-    time: float
+    time: float  # when ``step`` was reached (progress)
     host: str = ""
     pid: int = 0
+    alive: float | None = None  # the liveness thread's last beat; None: the writer has no liveness thread
+    stack_signal: int | None = None  # the signal that makes the rank write its Python stacks (faulthandler)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,10 +93,62 @@ class ErrorRecord:
     pid: int = 0
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RankEnd:
+    """How one rank's process ended, recorded on its node the moment it did: ``exit_code`` (normal exit) or
+    ``signal`` (killed), ``oom_kills`` (the OOM killer's kills in the rank's cgroup while it ran; None: not
+    readable), ``tail`` (the end of its stderr)."""
+
+    rank: int
+    time: float
+    host: str = ""
+    pid: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_kills: int | None = None
+    tail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.signal is not None or (self.exit_code is not None and self.exit_code != 0)
+
+    def how(self) -> str:
+        """``killed by signal 9 (SIGKILL)`` / ``exited with code 1``."""
+        if self.signal is not None:
+            return f"killed by signal {self.signal} ({signal_name(self.signal)})"
+        return f"exited with code {self.exit_code}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RankState:
+    """One rank of a hung attempt as its node saw it before the kill: ``state`` is the process state letter from
+    ``/proc/<pid>/stat`` (``R`` running, ``S`` sleeping, ``D`` uninterruptible, ``T`` stopped, ``Z`` zombie, ``""``
+    gone or not readable), ``live`` whether its liveness beat was fresh, ``step`` its last progress, ``stack``
+    the file holding its Python stacks (faulthandler or py-spy; "" none), ``in_collective`` whether its main
+    thread waits in a torch.distributed call (None: no stack to tell)."""
+
+    rank: int
+    host: str = ""
+    pid: int = 0
+    state: str = ""
+    live: bool | None = None
+    step: int | None = None
+    wchan: str = ""
+    stack: str = ""
+    in_collective: bool | None = None
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` via a temp file and rename (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writing thread
     with open(tmp, "w") as fh:
         json.dump(payload, fh)
     os.replace(tmp, path)
@@ -79,6 +160,14 @@ def write_heartbeat(run_dir: str | os.PathLike[str], beat: Heartbeat) -> None:
 
 def write_error(run_dir: str | os.PathLike[str], record: ErrorRecord) -> None:
     write_json_atomic(error_path(run_dir, record.rank), dataclasses.asdict(record))
+
+
+def write_end(run_dir: str | os.PathLike[str], record: RankEnd) -> None:
+    write_json_atomic(end_path(run_dir, record.rank), dataclasses.asdict(record))
+
+
+def write_rank_state(run_dir: str | os.PathLike[str], record: RankState) -> None:
+    write_json_atomic(hang_path(run_dir, record.rank), dataclasses.asdict(record))
 
 
 def _read_all(run_dir: Path, pattern: str, cls: type) -> list:
@@ -102,3 +191,31 @@ def read_heartbeats(run_dir: str | os.PathLike[str]) -> list[Heartbeat]:
 def read_errors(run_dir: str | os.PathLike[str]) -> list[ErrorRecord]:
     """Error records sorted by time: the first is the root cause."""
     return sorted(_read_all(Path(run_dir), ERROR_GLOB, ErrorRecord), key=lambda r: r.time)
+
+
+def read_ends(run_dir: str | os.PathLike[str]) -> list[RankEnd]:
+    """How each rank of the last attempt ended, earliest first (a record of the wrong shape is no evidence)."""
+    return sorted((r for r in _read_all(Path(run_dir), END_GLOB, RankEnd) if _well_typed(r)), key=lambda r: r.time)
+
+
+def read_rank_states(run_dir: str | os.PathLike[str]) -> list[RankState]:
+    return sorted((r for r in _read_all(Path(run_dir), HANG_GLOB, RankState) if _well_typed(r)),
+                  key=lambda r: r.rank)
+
+
+_TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+
+
+def _well_typed(record: Any) -> bool:
+    """Every field of ``record`` holds its annotated type (``int | None`` allows None; a bool is no int)."""
+    for field in dataclasses.fields(record):
+        value, hint = getattr(record, field.name), str(field.type)
+        if value is None and "None" in hint:
+            continue
+        base = hint.split("|")[0].strip()
+        wanted = {"int": int, "float": float, "str": str, "bool": bool}.get(base)
+        if wanted is None:
+            continue
+        if (isinstance(value, bool) and wanted is not bool) or not isinstance(value, _TYPES[wanted]):
+            return False
+    return True

@@ -16,7 +16,9 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in table.splitlines()
             if "|" in line}
     assert set(rows) == {"fault", "clean", "kill-rank"}
-    assert rows["kill-rank"][6] == "equal" and rows["kill-rank"][5] == "0"  # params; no requeue
+    assert rows["fault"][1:4] == ["verdict", "culprit", "detection"]
+    assert rows["kill-rank"][7] == "equal" and rows["kill-rank"][6] == "0"  # params; no requeue
+    assert rows["kill-rank"][1] == "unknown" and rows["kill-rank"][2].startswith("rank 1 on n")  # not network
     assert any("rank 1 of job" in line and "SIGKILL" in line for line in lines)
     assert any("restart in place" in line for line in lines)
     assert "ETTR over the 1 recovered runs" in table

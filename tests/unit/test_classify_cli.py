@@ -120,7 +120,7 @@ def _bad_inputs(tmp_path):
         (["--slurm-state", "EXPLODED"], "'EXPLODED': not a Slurm job state"),
         (["--signal", "SIGWHATEVER"], "--signal 'SIGWHATEVER'"),
         (["--xid", "79"], "--xid needs --node"),
-        (["--kmsg", str(bad_json)], "name its node"),
+        (["--kmsg", f"rank=3:{bad_json}"], "belongs to a node"),
         (["--node-event", "n1"], "--node-event 'n1'"),
         (["--rules", str(bad_rules)], "bad_rules.toml"),
         (["--node-report", str(bad_report)], "node report"),
@@ -179,3 +179,21 @@ def test_a_deeply_nested_error_file_is_one_line_and_exit_2(tmp_path, capsys):
     bad.write_text("[" * 100_000)
     code, _, err = _run(capsys, "--error-file", str(bad))
     assert code == 2 and "nested too deeply" in err and "\n" not in err.strip()
+
+
+JOURNAL = ("Dec 04 03:12:45 gpu-a02 kernel: python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE), "
+           "order=0, oom_score_adj=0\n"
+           "Dec 04 03:12:45 gpu-a02 kernel: Out of memory: Killed process 40213 (python) total-vm:98765432kB\n")
+
+
+def test_a_kernel_log_without_a_node_is_judged_anyway(tmp_path, capsys):
+    journal, dmesg = tmp_path / "journal.txt", tmp_path / "dmesg.txt"
+    journal.write_text(JOURNAL)  # journalctl -k lines carry the host
+    dmesg.write_text("[12345.678] Out of memory: Killed process 40213 (python) total-vm:98765432kB\n")
+    code, out, _ = _run(capsys, "--json", "--kmsg", str(journal))
+    verdict = json.loads(out)
+    assert code == 0 and verdict["category"] == "oom_host" and verdict["culprit"]["nodes"] == ["gpu-a02"]
+    code, out, _ = _run(capsys, "--json", "--kmsg", str(dmesg))
+    verdict = json.loads(out)
+    assert code == 0 and verdict["category"] == "oom_host" and verdict["culprit"]["nodes"] == []
+    assert "culprit node unknown" in verdict["evidence"][0]

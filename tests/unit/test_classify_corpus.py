@@ -51,7 +51,10 @@ def test_every_rule_has_a_case():
     missing += [f"job_state:{k}" for k in rules.job_states if f"job_state:{k}" not in fired]
     missing += [f"node_state:{k}" for k in rules.node_states if f"node_state:{k}" not in fired]
     missing += [f"xid:{k.value}" for k in XidKind if k is not XidKind.WATCH and f"xid:{k.value}" not in fired]
-    missing += [r for r in ("nvml:gpu_lost", "nvml:fault", "nvml:pending", "nvml:wear", "torchrun:root_cause")
+    missing += [r for r in ("nvml:gpu_lost", "nvml:fault", "nvml:pending", "nvml:wear", "torchrun:root_cause",
+                            "rank_end:oom_kill", "rank_end:killed", "rank_end:exit", "rank_end:after_root",
+                            "hang:stuck", "hang:behind", "hang:no_progress", "hang:waiting", "hang:outside_collective",
+                            "nvml:recovery_action")
                 if r not in fired]
     assert missing == []
 

@@ -87,3 +87,12 @@ def test_real_dev_kmsg_reads_without_blocking(tmp_path: Path) -> None:
         pytest.skip(f"/dev/kmsg not readable here: {exc}")
     assert lines and all(kmsg.parse_line(line, boot_time=BOOT) is not None or line.startswith(" ")
                          for line in lines)
+
+
+def test_journal_host_is_the_one_host_the_lines_name() -> None:
+    line = "Dec 04 03:12:45 gpu-a02 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+    iso = "2026-12-04T03:12:45+0000 gpu-a03 kernel: Out of memory: Killed process 1 (python)\n"
+    assert kmsg.journal_host(line * 3) == "gpu-a02"
+    assert kmsg.journal_host(iso) == "gpu-a03"
+    assert kmsg.journal_host(line + iso) == ""  # two hosts: which one is unknown
+    assert kmsg.journal_host("[12345.678] Out of memory: Killed process 1 (python)\n") == ""

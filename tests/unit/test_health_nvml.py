@@ -97,10 +97,35 @@ def test_a_driver_fault_mid_read_is_a_record() -> None:
     assert not snap.available and snap.error == "nvml failed: driver went away" and fake.initialised == 0
 
 
-@pytest.mark.parametrize("name", ["h100x4_healthy", "h100x4_xid79", "h100x4_remap_nvlink", "v100x2_retired"])
+@pytest.mark.parametrize("name", ["h100x4_healthy", "h100x4_xid79", "h100x4_remap_nvlink", "v100x2_retired",
+                                  "h100x4_recovery_action"])
 def test_snapshots_round_trip_through_json(name: str) -> None:
     _, snap = probe(name, xid_wait_ms=5)
     assert snapshot_from_dict(json.loads(json.dumps(dataclasses.asdict(snap)))) == snap
+
+
+def test_gpu_recovery_action_where_the_driver_has_it() -> None:
+    _, snap = probe("h100x4_recovery_action")
+    assert [g.recovery_action for g in snap.gpus] == [0, 0, 2, 0]  # GPU 2: NODE_REBOOT
+    _, old = probe("h100x4_healthy")  # a 535 driver: no such field
+    assert {g.recovery_action for g in old.gpus} == {None}
+    fake = FakeNvml.from_file(DATA / "h100x4_recovery_action.fake.json")
+    fake.spec["field_values"] = False  # pynvml's call missing from the library
+    assert {g.recovery_action for g in NvmlProbe(fake).snapshot("n1").gpus} == {None}
+
+
+def test_recovery_action_is_authoritative_node_evidence() -> None:
+    from slurm_ft.classify import Category, classify
+    from slurm_ft.classify.records import Evidence, JobEnd
+    from slurm_ft.health.checks import HealthConfig, judge_nvml
+
+    _, snap = probe("h100x4_recovery_action")
+    verdict = classify(Evidence(job=JobEnd(state="FAILED", exit_code=1, nodes=("n1", "n2")), nvml=(snap,)))
+    assert verdict.category is Category.HARDWARE_GPU and verdict.culprit.nodes == ("n1",)
+    assert verdict.attested_nodes == ("n1",) and "recovery action NODE_REBOOT" in verdict.evidence[0]
+    assert [f.check for f in judge_nvml(snap, HealthConfig())] == ["recovery_action"]
+    _, healthy = probe("h100x4_healthy")
+    assert judge_nvml(healthy, HealthConfig()) == []
 
 
 def test_real_nvml_where_a_gpu_exists() -> None:

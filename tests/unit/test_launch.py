@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -10,7 +11,9 @@ from slurm_ft.classify.taxonomy import Action, Category, Verdict
 from slurm_ft.launch import (EX_TEMPFAIL, HangWatch, LaunchConfig, Launcher, choose_nodes, config_from_args,
                              register, unhealthy)
 from slurm_ft.slurm.types import NodeInfo
-from slurm_ft.train.records import ErrorRecord, Heartbeat, write_error, write_heartbeat
+from slurm_ft.classify import classify
+from slurm_ft.train.records import (ErrorRecord, Heartbeat, RankEnd, RankState, write_end, write_error,
+                                    write_heartbeat, write_rank_state)
 
 
 class Clock:
@@ -98,7 +101,7 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     argv, env = runner.calls[0]
     assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
                         "--kill-on-bad-exit=1"]
-    assert argv[6:] == ["python", "train.py"]
+    assert argv[6:] == [sys.executable, "-m", "slurm_ft.launch_rank", "--", "python", "train.py"]
     assert env["MASTER_PORT"] == "29500" and env["SLURM_FT_RUN_DIR"] == str(run)
     assert env["SLURM_FT_RESUME_STEP"] == "7"
     assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
@@ -338,3 +341,91 @@ def test_requeued_past_the_budget_stops_before_running(tmp_path):
     assert launcher.run() == 1
     assert runner.calls == []
     assert comments[0].startswith("slurm-ft: stopped cause=unknown by=launch restart budget exhausted (3 requeues > 2)")
+
+
+def test_without_rank_records_the_command_runs_bare(tmp_path):
+    launcher, runner, _ = make(tmp_path, [Script(tmp_path / "run")], rank_records=False)
+    assert launcher.run() == 0
+    assert runner.calls[0][0][6:] == ["python", "train.py"]
+
+
+class KilledRank(Script):
+    """Rank 1 is SIGKILLed (its wrapper's end record); rank 0 fails on the closed connection a moment later."""
+
+    def poll(self):
+        code = super().poll()
+        if code is not None and self.polls == self.steps:
+            write_end(self.run_dir, RankEnd(rank=1, time=10.0, host="n2", pid=22, signal=9, oom_kills=0))
+            write_error(self.run_dir, ErrorRecord(rank=0, time=10.01, exc_type="RuntimeError", host="n1", pid=11,
+                                                  message="[gloo/transport/tcp/pair.cc:534] Connection closed by peer"))
+            write_end(self.run_dir, RankEnd(rank=0, time=10.05, host="n1", pid=11, exit_code=1))
+        return code
+
+
+def test_a_killed_rank_is_named_in_a_verdict_event_and_the_attempt_restarts(tmp_path, capsys):
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [KilledRank(run, code=137), Script(run)], classify_fn=classify)
+    assert launcher.run() == 0
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["verdict"]["culprit"] == {"nodes": ["n2"], "ranks": [1]}
+    assert verdict["verdict"]["category"] == "unknown" and verdict["root_cause"]["node"] == "n2"
+    assert "restart_in_place" in [e["event"] for e in events(tmp_path)]
+    assert runner.calls[1][1]["SLURM_FT_RESTART_CAUSE"] == "unknown"
+    err = capsys.readouterr().err
+    assert "slurm-ft: root cause of attempt 1: rank 1 on n2: killed by signal 9 (SIGKILL)" in err
+    assert (run / "attempt-1" / "end.rank1.json").exists()
+
+
+class StoppedRank(Script):
+    """Both ranks stop progressing at step 2; rank 0's liveness thread keeps beating, rank 1's does not."""
+
+    def poll(self):
+        if self.killed:
+            return -9
+        self.polls += 1
+        step = min(self.polls, 2)
+        write_heartbeat(self.run_dir, Heartbeat(rank=0, step=step, time=0.0, host="n1", pid=11,
+                                                alive=float(self.polls)))
+        write_heartbeat(self.run_dir, Heartbeat(rank=1, step=step, time=0.0, host="n2", pid=22,
+                                                alive=float(min(self.polls, 2))))
+        return None
+
+
+def test_a_hang_names_only_the_stopped_rank(tmp_path):
+    run = tmp_path / "run"
+    gathered = []
+
+    def gather(nodes, run_dir):
+        gathered.append(list(nodes))
+        write_rank_state(run_dir, RankState(rank=0, host="n1", pid=11, state="S", step=2))
+        write_rank_state(run_dir, RankState(rank=1, host="n2", pid=22, state="T", step=2))
+        return ""
+
+    launcher, runner, _ = make(tmp_path, [StoppedRank(run), Script(run)], classify_fn=classify)
+    launcher.gather_hang = gather
+    assert launcher.run() == 0
+    assert gathered == [["n1", "n2"]]
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["outcome"] == "hung" and verdict["verdict"]["category"] == "hang"
+    assert verdict["verdict"]["culprit"] == {"nodes": ["n2"], "ranks": [1]}
+    assert any("process stopped (state T)" in line for line in verdict["verdict"]["evidence"])
+
+
+def test_a_hang_without_node_reports_still_singles_out_the_rank_whose_liveness_stopped(tmp_path):
+    run = tmp_path / "run"
+    launcher, _, _ = make(tmp_path, [StoppedRank(run), Script(run)], classify_fn=classify)
+    assert launcher.run() == 0
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["verdict"]["culprit"] == {"nodes": ["n2"], "ranks": [1]}
+    assert "hang_evidence_partial" in [e["event"] for e in events(tmp_path)]
+
+
+def test_a_dead_node_keeps_its_name_in_the_verdict(tmp_path):
+    run = tmp_path / "run"
+    probe = [{"n2": "probe step failed (exit 233)"}, {}]
+    launcher, _, _ = make(tmp_path, [KilledRank(run, code=137), Script(run)], allocation=("n1", "n2", "n3"),
+                          states=[{}], spare_nodes=1, max_restarts=0, probe=lambda nodes: probe.pop(0),
+                          classify_fn=classify)
+    assert launcher.run() == 0
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["verdict"]["category"] == "hardware_node" and verdict["verdict"]["culprit"]["nodes"] == ["n2"]

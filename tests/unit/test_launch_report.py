@@ -46,3 +46,14 @@ def test_cli_reads_a_checkpoint_dir_and_refuses_an_empty_one(tmp_path, capsys):
     assert [r["run"] for r in json.loads(capsys.readouterr().out)] == [1, 2, 2]
     assert main(["report", str(tmp_path)]) == 2
     assert "no events.jsonl" in capsys.readouterr().err
+
+
+def test_each_failed_attempt_shows_its_cause_and_culprit():
+    verdict = {"event": "verdict", "time": 190.5, "attempt": 1, "outcome": "hung",
+               "root_cause": {"rank": 1, "node": "n3", "line": "rank 1 (n3): process stopped (state T) at step 12"},
+               "verdict": {"category": "hang", "culprit": {"nodes": ["n3"], "ranks": [1]}}}
+    rows = attempts(EVENTS[:5] + [verdict] + EVENTS[5:])
+    assert [(r.cause, r.culprit) for r in rows] == [("-", "-"), ("hang", "rank 1 on n3"), ("-", "-")]
+    text = format_report(rows)
+    assert "hang          rank 1 on n3     hung" in text
+    assert "root cause: rank 1 (n3): process stopped (state T) at step 12" in text

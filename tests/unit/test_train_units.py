@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
+import time
 
 import pytest
 
@@ -174,3 +177,42 @@ def test_example_batches_are_a_pure_function_of_seed_and_step():
     assert x1.equal(x2) and not x1.equal(batch(0, 6, 0, 1)[0])
     halves = [batch(0, 5, r, 2)[0] for r in (0, 1)]
     assert halves[0].shape[0] + halves[1].shape[0] == x1.shape[0]
+
+
+def test_heartbeat_liveness_thread_beats_without_progress(tmp_path):
+    writer = HeartbeatWriter(tmp_path, 2, liveness_s=0.05, stacks=False)
+    writer.beat(7)
+    first = records.read_heartbeats(tmp_path)[0]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        [beat] = records.read_heartbeats(tmp_path)
+        if beat.alive != first.alive:
+            break
+        time.sleep(0.02)
+    writer.close()
+    assert (beat.step, beat.time) == (7, first.time) and beat.alive > first.alive  # liveness, not progress
+
+
+def test_heartbeat_stack_signal_dumps_every_thread(tmp_path):
+    writer = HeartbeatWriter(tmp_path, 5, liveness_s=0)
+    writer.beat(1)
+    [beat] = records.read_heartbeats(tmp_path)
+    assert beat.stack_signal == records.STACK_SIGNAL and beat.alive is None
+    os.kill(os.getpid(), beat.stack_signal)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "File" not in records.stack_path(tmp_path, 5).read_text():
+        time.sleep(0.02)
+    assert "test_heartbeat_stack_signal_dumps_every_thread" in records.stack_path(tmp_path, 5).read_text()
+    faulthandler.unregister(beat.stack_signal)
+
+
+def test_end_records_of_the_wrong_shape_are_no_evidence(tmp_path):
+    import json
+
+    records.write_end(tmp_path, records.RankEnd(rank=1, time=2.0, host="n1", signal=9))
+    (tmp_path / "end.rank2.json").write_text(json.dumps({"rank": 2, "time": "soon", "signal": 9}))
+    (tmp_path / "end.rank3.json").write_text(json.dumps({"rank": True, "time": 1.0}))
+    (tmp_path / "end.rank4.json").write_text(json.dumps({"rank": 4, "time": 1, "exit_code": 1, "tail": ["x"]}))
+    assert [e.rank for e in records.read_ends(tmp_path)] == [1]
+    (tmp_path / "hang.rank5.json").write_text(json.dumps({"rank": 5, "state": 7}))
+    assert records.read_rank_states(tmp_path) == []

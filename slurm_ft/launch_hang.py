@@ -1,0 +1,180 @@
+"""Evidence from a hung attempt, gathered on each rank's own node before the launcher kills it.
+
+The launcher runs ``python -m slurm_ft.launch_hang --run-dir DIR`` as one task per node of the attempt
+(``srun --overlap``, beside the hung step). On its node, for every rank whose heartbeat names that node, it reads
+the process state from ``/proc/<pid>/stat`` (``T`` stopped, ``D`` uninterruptible ...) and ``wchan``, asks the rank
+for its Python stacks (the signal its heartbeat announces: faulthandler writes ``stack.rank<R>.txt``; ``py-spy
+dump`` where installed, for a rank that cannot answer: stopped, uninterruptible, or without the handler), and
+writes ``hang.rank<R>.json`` (``slurm_ft.train.records.RankState``). The launcher then adds what only it knows
+(each rank's liveness and last step, on its own clock) and judges. Nothing here kills anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from slurm_ft.train import records
+
+UNREAD = "?"  # the rank's node did not report (no helper ran there, or it timed out)
+_ANSWERING = frozenset({"R", "S"})  # states in which a rank runs its faulthandler at once
+STACK_WAIT_S = 2.0
+PYSPY_TIMEOUT_S = 10.0
+
+
+# --- on the rank's node -----------------------------------------------------------------------------------------
+def proc_state(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, str]:
+    """(state letter, wchan) of ``pid``; ("", "") when it is gone."""
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text()
+    except OSError:
+        return "", ""
+    state = stat[stat.rfind(")") + 2:][:1]
+    try:
+        wchan = (proc_root / str(pid) / "wchan").read_text().strip()
+    except OSError:
+        wchan = ""
+    return state, "" if wchan == "0" else wchan
+
+
+def inspect_node(run_dir: Path, node: str, *, send: Callable[[int, int], None] = os.kill,
+                 pyspy: str | None = None, sleep: Callable[[float], None] = time.sleep,
+                 proc_root: Path = Path("/proc")) -> list[records.RankState]:
+    """Read, ask for stacks of, and record every rank of ``node`` (its heartbeats say which)."""
+    beats = [b for b in records.read_heartbeats(run_dir) if b.host == node and b.pid > 0]
+    asked = []
+    for beat in beats:
+        state, _ = proc_state(beat.pid, proc_root)
+        if beat.stack_signal and state in _ANSWERING:
+            try:
+                send(beat.pid, beat.stack_signal)
+                asked.append(beat.rank)
+            except OSError:
+                continue
+    waited = 0.0
+    while asked and waited < STACK_WAIT_S:  # faulthandler writes from the signal handler at once
+        asked = [rank for rank in asked if not _has_stack(records.stack_path(run_dir, rank))]
+        sleep(0.05)
+        waited += 0.05
+    found = []
+    for beat in beats:
+        state, wchan = proc_state(beat.pid, proc_root)
+        stack = records.stack_path(run_dir, beat.rank)
+        if not _has_stack(stack) and pyspy and state:
+            _pyspy_dump(pyspy, beat.pid, stack)
+        text = _read_stack(stack)
+        record = records.RankState(rank=beat.rank, host=node, pid=beat.pid, state=state, wchan=wchan,
+                                   step=beat.step, stack=str(stack) if text else "",
+                                   in_collective=main_thread_in_collective(text) if text else None)
+        records.write_rank_state(run_dir, record)
+        found.append(record)
+    return found
+
+
+_COLLECTIVE_FRAMES = ("torch/distributed/", "torch\\distributed\\", "c10d")
+
+
+def main_thread_in_collective(text: str) -> bool | None:
+    """Whether the main thread of a stack dump (faulthandler's or py-spy's) waits in a torch.distributed call;
+    None when the dump shows no main thread. The main thread is the block holding ``<module>`` (faulthandler) or
+    named ``MainThread`` (py-spy)."""
+    for block in text.split("\n\n"):
+        if "<module>" in block or '"MainThread"' in block:
+            return any(marker in block for marker in _COLLECTIVE_FRAMES)
+    return None
+
+
+def _read_stack(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-65536:]
+    except OSError:
+        return ""
+
+
+def _has_stack(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _pyspy_dump(pyspy: str, pid: int, dest: Path) -> None:
+    """``py-spy dump --nonblocking`` (reads memory without pausing: works on a stopped process) into ``dest``."""
+    try:
+        done = subprocess.run([pyspy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=PYSPY_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    if done.returncode == 0 and done.stdout.strip():
+        dest.write_text(f"# py-spy dump --nonblocking --pid {pid}\n{done.stdout}")
+
+
+# --- in the launcher --------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class HangEvidenceConfig:
+    """``timeout_s``: how long the per-node helpers may take before the launcher kills the attempt anyway."""
+
+    timeout_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.timeout_s <= 300:
+            raise ValueError(f"timeout_s: must be within (0, 300] seconds, got {self.timeout_s!r}")
+
+
+def helper_argv(nodes: Sequence[str], run_dir: Path) -> list[str]:
+    """One helper task on each node, beside the hung step."""
+    return ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", "--kill-on-bad-exit=0",
+            sys.executable, "-m", "slurm_ft.launch_hang", "--run-dir", str(run_dir)]
+
+
+def gather_on_nodes(nodes: Sequence[str], run_dir: Path, environ: Mapping[str, str],
+                    config: HangEvidenceConfig = HangEvidenceConfig()) -> str:
+    """Run the helpers; "" when they all finished, else why not (the evidence is then partial)."""
+    try:
+        done = subprocess.run(helper_argv(nodes, run_dir), env=dict(environ), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=config.timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return f"the per-node helpers did not finish within {config.timeout_s:g}s"
+    except OSError as exc:
+        return f"no srun to run the per-node helpers: {exc}"
+    return "" if done.returncode == 0 else f"per-node helpers exit {done.returncode}: {done.stderr.strip()[-200:]}"
+
+
+def rank_states(ranks: int, beats: Sequence[records.Heartbeat], read: Sequence[records.RankState],
+                live: Mapping[int, bool | None]) -> tuple[records.RankState, ...]:
+    """Pure: every rank of the attempt, from what its node read (``read``), its heartbeat, and the launcher's
+    liveness judgement. A rank its node did not report has state ``UNREAD``."""
+    by_rank = {s.rank: s for s in read}
+    beat_of = {b.rank: b for b in beats}
+    states = []
+    for rank in range(ranks):
+        beat = beat_of.get(rank)
+        seen = by_rank.get(rank)
+        base = seen or records.RankState(rank=rank, host=beat.host if beat else "", pid=beat.pid if beat else 0,
+                                         state=UNREAD, step=beat.step if beat else None)
+        states.append(dataclasses.replace(base, live=live.get(rank), step=beat.step if beat else base.step))
+    return tuple(states)
+
+
+# --- CLI (the per-node helper) ----------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurm_ft.launch_hang", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    node = records.node_name()
+    for state in inspect_node(args.run_dir, node, pyspy=shutil.which("py-spy")):
+        print(f"slurm-ft: hang evidence: rank {state.rank} on {node}: state {state.state or 'gone'}"
+              + (f", stacks in {state.stack}" if state.stack else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The launcher's judgement of one failed or hung attempt: the evidence it has, and how it tells the user.
+
+Evidence: the ranks' error files and end records (``slurm_ft.launch_rank``), a hung attempt's rank states
+(``slurm_ft.launch_hang``), and the nodes found unhealthy after it. ``root_cause`` picks the culprit rank, its
+node and the first line of its real error; ``paragraph`` is the few lines the launcher prints at the end of an
+attempt, so the real error is not lost under the secondary tracebacks of the ranks that failed because of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_ft.classify.records import Evidence, NodeEvent
+from slurm_ft.classify.taxonomy import Verdict
+from slurm_ft.train.records import RankState, read_ends, read_errors
+
+PROBE_REASON = "slurm-ft launch: failed the probe step or marked unhealthy by Slurm after the attempt"
+
+
+def attempt_evidence(run_dir: Path, *, hang: Sequence[RankState] = (), sick: Iterable[str] = ()) -> Evidence:
+    """What the launcher knows of the attempt whose files are in ``run_dir`` (the allocation still lives)."""
+    nodes = tuple(NodeEvent(name=n, state=frozenset({"NOT_RESPONDING"}), reason=PROBE_REASON) for n in sorted(sick))
+    return Evidence(errors=tuple(read_errors(run_dir)), ends=tuple(read_ends(run_dir)), hang=tuple(hang),
+                    nodes=nodes, in_allocation=True)
+
+
+def root_cause(verdict: Verdict, evidence: Evidence) -> dict[str, Any]:
+    """``{rank, node, line}``: the culprit rank (None if none), its node, the first line of its real error."""
+    rank = verdict.culprit.ranks[0] if verdict.culprit.ranks else None
+    node = _node_of(rank, evidence) or (verdict.culprit.nodes[0] if verdict.culprit.nodes else None)
+    return {"rank": rank, "node": node, "line": _first_line(rank, verdict, evidence)}
+
+
+def _node_of(rank: int | None, evidence: Evidence) -> str | None:
+    if rank is None:
+        return None
+    hosts = [r.host for r in (*evidence.errors, *evidence.ends, *evidence.hang) if r.rank == rank and r.host]
+    return hosts[0] if hosts else None
+
+
+def _first_line(rank: int | None, verdict: Verdict, evidence: Evidence) -> str:
+    error = next((e for e in evidence.errors if e.rank == rank), None)
+    if error is not None:
+        return _clip(f"{error.exc_type}: {error.message}".splitlines()[0] if error.exc_type else error.message)
+    end = next((e for e in evidence.ends if e.rank == rank and e.failed), None)
+    if end is not None:
+        last = next((line.strip() for line in reversed(end.tail.splitlines()) if line.strip()), "")
+        return _clip(end.how() + (f"; its last stderr line: {last}" if last else ""))
+    line = verdict.evidence[0] if verdict.evidence else "no evidence"
+    prefix = f"rank {rank} ("
+    if rank is not None and line.startswith(prefix) and "): " in line:  # "rank 1 (n2): stopped": said already
+        line = line.split("): ", 1)[1]
+    return _clip(line)
+
+
+def _clip(text: str, limit: int = 240) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def paragraph(attempt: int, verdict: Verdict, cause: dict[str, Any]) -> str:
+    """The root cause lines for the job's output."""
+    who = "no single rank" if cause["rank"] is None else f"rank {cause['rank']}"
+    where = f" on {cause['node']}" if cause["node"] else (" (node unknown)" if cause["rank"] is not None else "")
+    secondary = [e for e in verdict.evidence if e.startswith("secondary, not the cause")]
+    lines = [f"slurm-ft: root cause of attempt {attempt}: {who}{where}: {cause['line']}",
+             f"slurm-ft:   verdict {verdict.category.value}, action {verdict.action.value}, "
+             f"confidence {verdict.confidence:.2f}"]
+    if secondary:
+        lines.append(f"slurm-ft:   {secondary[0]} (ranks that failed or waited because of it)")
+    return "\n".join(lines)

@@ -55,6 +55,7 @@ from typing import Any
 
 from slurm_ft import config as ft_config
 from slurm_ft import env
+from slurm_ft.budget import NOT_FAULTS, Budget, counts, with_counts
 from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
 from slurm_ft.classify.taxonomy import Action, Verdict
 from slurm_ft.config import require
@@ -317,9 +318,10 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
     if ft.no_requeue:
         return Decision(requeue=False, category=category, reason="recoverable, but the job asked for no requeue "
                         "(--ft-no-requeue)", resume_step=resume_step)
-    if job.restart_count >= budget:
-        return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({budget})",
-                        resume_step=resume_step)
+    used = Budget(limit=budget, requeues=job.restart_count, **counts(job.comment))  # in place and requeues
+    if used.left == 0 and category not in NOT_FAULTS:
+        return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({used.used} of {budget} "
+                        "restarts used, in place and requeues together)", resume_step=resume_step)
     if restarted_before and resume_step == previous_resume_step:
         return Decision(requeue=False, category=category,
                         reason=f"crash loop: no checkpoint progress since the last restart (step {resume_step})",
@@ -503,7 +505,16 @@ class Monitor:
                 and self.db.action(job.job_id, job.restart_count, "adopt") is None)
 
     def _adopt(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row) -> int:
-        """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint."""
+        """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint.
+        The launcher's own requeue after a preemption signal (its Comment says so) is recorded as it stands."""
+        from slurm_ft.launch_preempt import launcher_requeue
+
+        if launcher_requeue(job.comment, job.restart_count):
+            self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.REQUEUED, now=self.clock(),
+                            last_resume_step=parse_resume_step(job.comment), requeued_at=self.clock())
+            self._event("job_requeued", job_id=job.job_id, restart=job.restart_count, comment=job.comment,
+                        by="launch")
+            return 1
         previous = tuple(json.loads(row["nodes"] or "[]"))
         dead = {n for n in previous if n in nodes and (nodes[n].down or "NOT_RESPONDING" in nodes[n].state)}
         ended = dataclasses.replace(job, state=JobState.NODE_FAIL if dead else JobState.REQUEUED, nodes=previous)
@@ -513,7 +524,8 @@ class Monitor:
         decision = Decision(requeue=True, category=verdict.category.value, reason="requeued by Slurm",
                             culprits=tuple(sorted(set(struck_nodes(verdict, ended)) | dead)), resume_step=resume_step)
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
-                  "comment": requeue_comment(job.restart_count, resume_step, decision.category),
+                  "comment": with_counts(requeue_comment(job.restart_count, resume_step, decision.category),
+                                         **counts(job.comment)),
                   "resume_step": resume_step}
         self._event("job_requeued_by_slurm", job_id=job.job_id, restart_count=job.restart_count,
                     last_nodes=list(previous), verdict=verdict.to_dict(), dry_run=self.config.dry_run)
@@ -606,8 +618,11 @@ class Monitor:
                                   f"{name}: node state {'+'.join(sorted(info.state))} under running job {job.job_id}")
 
     def _requeue(self, job: JobInfo, decision: Decision) -> None:
+        carried = counts(job.comment)  # the restart budget's counts; a requeue not for a fault is free
+        carried["free"] += decision.category in NOT_FAULTS
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits) | set(decision.exclude)),
-                  "comment": requeue_comment(job.restart_count + 1, decision.resume_step, decision.category),
+                  "comment": with_counts(requeue_comment(job.restart_count + 1, decision.resume_step,
+                                                         decision.category), **carried),
                   "resume_step": decision.resume_step}
         self.db.intent(job.job_id, job.restart_count, "requeue", detail, self.clock())
         self.client.requeue(job.job_id, hold=True)

@@ -397,9 +397,11 @@ def _apply_edits(cfg: InstallConfig, result: InstallResult) -> None:
 
 def lab_install(lab_dir: Path, *, slurm_user: str) -> list[str]:
     """Install into a lab cluster directory (TEST-ONLY knobs on); the slurm.conf lines the lab must append."""
+    from slurm_ft.lab.cluster import LAB_SITE_CONFIG, LAB_STATE_DIR
+
     lab_dir = Path(lab_dir).absolute()
-    cfg = InstallConfig(prefix=lab_dir / "slurm-ft", config_dir=lab_dir / "etc" / "slurm-ft",
-                        state_dir=lab_dir / "state", plugstack=lab_dir / "plugstack.conf", systemd_dir=None,
+    cfg = InstallConfig(prefix=lab_dir / "slurm-ft", config_dir=(lab_dir / LAB_SITE_CONFIG).parent,
+                        state_dir=lab_dir / LAB_STATE_DIR, plugstack=lab_dir / "plugstack.conf", systemd_dir=None,
                         slurm_user=slurm_user, test_mode=True)
     result = InstallResult()
     install(cfg, rewrite_config=True)

@@ -87,6 +87,7 @@ def refuse(message: str, *, set_comment: Callable[[str], None], environ: Mapping
         record = {"event": "exit", "time": round(time.time(), 3), "code": EX_CONFIG, "why": message,
                   "cause": "config", "attempts": 0}
         try:
+            target.mkdir(parents=True, exist_ok=True)
             with open(target / EVENTS_FILE, "a") as fh:
                 fh.write(json.dumps(record) + "\n")
         except OSError as exc:  # the run dir itself may be what is unusable; stderr and the Comment carry it

@@ -64,10 +64,11 @@ class InstallConfig:
     test_mode: bool = False  # TEST-ONLY: the lab's recorded-NVML injection (see health/checks.py)
     source: Path = Path(__file__).resolve().parents[1]
     slurm_include: Path | None = None  # None: the headers of the Slurm first on PATH (slurm_ft.slurm.headers)
+    default_ckpt_dir: Path | None = None  # the SPANK plugin's default_ckpt_dir= (None: sbatch needs --ft-ckpt-dir)
 
     def __post_init__(self) -> None:
         for name in ("prefix", "config_dir", "state_dir", "slurm_conf", "plugstack", "systemd_dir", "source",
-                     "slurm_include"):
+                     "slurm_include", "default_ckpt_dir"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -131,7 +132,9 @@ def slurm_conf_settings(cfg: InstallConfig) -> dict[str, str]:
 
 
 def plugstack_line(cfg: InstallConfig) -> str:
-    return f"required {cfg.plugin_path}"
+    """The plugstack.conf line; with the site's default checkpoint dir, ``--ft`` alone is enough to submit."""
+    default = f" default_ckpt_dir={cfg.default_ckpt_dir}" if cfg.default_ckpt_dir is not None else ""
+    return f"required {cfg.plugin_path}{default}"
 
 
 def render_wrapper(template: str, *, python: str, config: Path, slurm_bin: Path) -> str:
@@ -433,6 +436,9 @@ def register(subparsers: Any, name: str) -> None:
     inst.add_argument("--slurm-include", type=Path,
                       help="Slurm's include dir to build the SPANK plugin with (default: the headers of the Slurm "
                            "first on PATH, <prefix>/include, else pkg-config slurm, else /usr/include)")
+    inst.add_argument("--default-ckpt-dir", type=Path,
+                      help="checkpoint dir of an --ft job that names none (default: none, sbatch then refuses "
+                           "--ft without --ft-ckpt-dir)")
     inst.add_argument("--dry-run", action="store_true", help="print what is needed, write nothing")
     inst.add_argument("--json", action="store_true", help="print the result as JSON")
     inst.set_defaults(func=_install_cmd)
@@ -448,7 +454,8 @@ def _install_cmd(args: argparse.Namespace) -> int:
                         plugstack=args.plugstack.absolute() if args.plugstack else None,
                         systemd_dir=None if args.no_systemd else args.systemd_dir.absolute(),
                         slurm_user=args.slurm_user, edit=args.edit,
-                        slurm_include=args.slurm_include.absolute() if args.slurm_include else None)
+                        slurm_include=args.slurm_include.absolute() if args.slurm_include else None,
+                        default_ckpt_dir=args.default_ckpt_dir)
     if not args.dry_run and os.geteuid() != 0:
         raise AdminError("admin install writes root-run hooks: run it as root (or use --dry-run)", exit_code=77)
     result = install(cfg, dry_run=args.dry_run)

@@ -48,6 +48,18 @@ class AdminError(SlurmFtError):
     """The install cannot go on; nothing after the failing step was changed."""
 
 
+NO_SOURCES = ("this slurm-ft has no hook sources (spank/, prolog/, epilog/): install it from a wheel or sdist "
+              "built by `pip wheel .`, or run it from the source tree")
+
+
+def hook_sources() -> Path:
+    """Where ``spank/``, ``prolog/`` and ``epilog/`` are: inside the installed package (a wheel ships them as
+    ``slurm_ft/hook_sources/``, see setup.py), else the source tree this package runs from."""
+    package = Path(__file__).resolve().parent
+    shipped = package / "hook_sources"
+    return shipped if (shipped / "spank" / "Makefile").is_file() else package.parent
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class InstallConfig:
     """Where things go. ``plugstack`` defaults to ``plugstack.conf`` next to ``slurm_conf`` (or /etc/slurm)."""
@@ -62,7 +74,7 @@ class InstallConfig:
     slurm_user: str = "slurm"
     edit: bool = False
     test_mode: bool = False  # TEST-ONLY: the lab's recorded-NVML injection (see health/checks.py)
-    source: Path = Path(__file__).resolve().parents[1]
+    source: Path = dataclasses.field(default_factory=hook_sources)
     slurm_include: Path | None = None  # None: the headers of the Slurm first on PATH (slurm_ft.slurm.headers)
     default_ckpt_dir: Path | None = None  # the SPANK plugin's default_ckpt_dir= (None: sbatch needs --ft-ckpt-dir)
 
@@ -293,7 +305,7 @@ def build_plugin(source: Path, out_dir: Path, include_dir: Path) -> Path:
     """``make -C <source>/spank OUT=<out_dir> SLURM_INCLUDE=<include_dir>``; the built plugin's path."""
     makefile = source / "spank" / "Makefile"
     if not makefile.is_file():
-        raise AdminError(f"no {makefile}: admin install needs the slurm-ft source tree (spank/, prolog/, epilog/)")
+        raise AdminError(f"no {makefile}: {NO_SOURCES}")
     if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
         raise AdminError("building the SPANK plugin needs make and a C compiler: apt-get install -y build-essential")
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -351,7 +363,7 @@ def install(cfg: InstallConfig, *, dry_run: bool = False, rewrite_config: bool =
     templates = {kind: (cfg.source / rel) for kind, rel in WRAPPERS.items()}
     for path in templates.values():
         if not path.is_file():
-            raise AdminError(f"no {path}: admin install needs the slurm-ft source tree")
+            raise AdminError(f"no {path}: {NO_SOURCES}")
     if dry_run:
         result.notes.append("dry run: nothing written")
         return result

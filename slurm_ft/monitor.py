@@ -409,13 +409,16 @@ class Monitor:
 
     def __init__(self, config: MonitorConfig, client: SlurmClient, classify_fn: Callable[[Evidence], Verdict],
                  quarantine: Any = None, clock: Callable[[], float] = time.time,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, tell_user: Callable[..., str] | None = None) -> None:
         self.config = config
         self.client = client
         self.classify_fn = classify_fn
         self.quarantine = quarantine
         self.clock = clock
         self.metrics = metrics or Metrics()
+        if tell_user is None:
+            from slurm_ft.stop_note import tell_user
+        self.tell_user = tell_user  # a stop's verdict into the job's run dir and output file, as the job's user
         self.db = MonitorDb(Path(config.state_dir) / DB_NAME)
 
     # --- public ---------------------------------------------------------------------------------------------
@@ -651,6 +654,7 @@ class Monitor:
             self.client.update_job(job.job_id, comment=comment)
         except SlurmCommandError as exc:  # Slurm 22.05 refuses updates to a finished job: the verdict stays here
             self._event("comment_refused", job_id=job.job_id, error=str(exc)[-200:])
+        self._tell_user(job, decision, comment)
         if cancel:
             self.client.cancel(job.job_id)
         self.db.done(job.job_id, job.restart_count, "stop", self.clock())
@@ -658,6 +662,17 @@ class Monitor:
         self.metrics.stop()
         self._event("job_stopped", job_id=job.job_id, category=decision.category, reason=decision.reason,
                     comment=comment)
+
+    def _tell_user(self, job: JobInfo, decision: Decision, comment: str) -> None:
+        """The verdict where the user looks: the run dir's events (``slurm-ft report``) and the job's output file,
+        written by a child running as the job's user (slurm_ft.stop_note)."""
+        ft = read_registration(self.config.state_dir, job)
+        record = {"event": "stopped", "by": "monitor", "time": round(self.clock(), 3), "job_id": job.job_id,
+                  "category": decision.category, "reason": decision.reason, "comment": comment}
+        why = self.tell_user(uid=job.user_id, run_dir=ft.run_dir if ft is not None else "", output=job.std_out,
+                             record=record)
+        if why:
+            self._event("stop_note_error", job_id=job.job_id, error=why)
 
     def _reconcile(self, job: JobInfo) -> None:
         """Finish or forget actions a killed monitor left as ``intent``."""

@@ -43,6 +43,7 @@ from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.launch_env import wire
+from slurm_ft.launch_text import describe
 from slurm_ft.slurm.types import NodeInfo
 from slurm_ft.train.records import ERROR_GLOB, HEARTBEAT_GLOB, read_errors, read_heartbeats, run_dir_for
 
@@ -513,7 +514,7 @@ class Launcher:
     def _event(self, event: str, **fields: Any) -> None:
         record = {"event": event, "time": round(self.clock(), 3), **fields}
         line = json.dumps(record, default=str)
-        log.info(line)
+        log.info(describe(record))  # a plain line in the job's output; the JSON goes to events.jsonl
         try:
             self.config.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.config.run_dir / EVENTS_FILE, "a") as fh:

@@ -47,6 +47,7 @@ from slurm_ft.config import require
 from slurm_ft.errors import ConfigError, SlurmFtError
 from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.train import layout, records
+from slurm_ft.train.console import show_progress
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
 
@@ -227,6 +228,7 @@ class CheckpointManager:
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(process_group) if self._distributed else 0
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
+        show_progress(self.rank)  # "resumed from step N", "committed" on stderr unless the program set up logging
         self._ctl_group = self._new_group(process_group)   # main thread: tokens, agreements, resume
         self._ckpt_group = self._new_group(process_group)  # the one thread doing DCP save/load
         self.rank_hosts = self._all_gather(records.node_name())

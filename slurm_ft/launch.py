@@ -394,7 +394,7 @@ class Launcher:
         overlap = ["--overlap"] if self.attempts > 1 else []
         argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * wiring.tasks_per_node}",
                 f"--ntasks-per-node={wiring.tasks_per_node}", f"--nodelist={','.join(chosen)}",
-                "--kill-on-bad-exit=1", *overlap, *wiring.argv]
+                "--kill-on-bad-exit=1", *overlap, *wiring.prefix, *cfg.command]
 
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),

@@ -36,10 +36,10 @@ NODE_RANK_LINE = 'export PET_NODE_RANK="$SLURM_PROCID"; exec "$@"'
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Wiring:
-    """One attempt's srun tail: ``argv`` (the command, behind the per-rank line), ``env`` (same on every rank),
-    ``tasks_per_node`` (srun's), ``ranks_per_node`` (training ranks: torchrun's ``--nproc-per-node``)."""
+    """One attempt's wiring: ``prefix`` (the per-rank line; srun runs ``*prefix, *command``), ``env`` (the same on
+    every rank), ``tasks_per_node`` (srun's), ``ranks_per_node`` (training ranks: torchrun's ``--nproc-per-node``)."""
 
-    argv: tuple[str, ...]
+    prefix: tuple[str, ...]
     env: dict[str, str]
     tasks_per_node: int
     ranks_per_node: int
@@ -130,9 +130,9 @@ def wire(command: Sequence[str], *, nodes: int, ntasks_per_node: int, addr: str,
                "PET_SIGNALS_TO_HANDLE": TORCHRUN_SIGNALS, "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
         if "--standalone" in torchrun_options(command):
             env = {k: v for k, v in env.items() if not k.startswith("PET_MASTER")}
-        return Wiring(argv=("/bin/sh", "-c", NODE_RANK_LINE, "slurm-ft-node", *command), env=env,
+        return Wiring(prefix=("/bin/sh", "-c", NODE_RANK_LINE, "slurm-ft-node"), env=env,
                       tasks_per_node=1, ranks_per_node=per_node)
     env = {"WORLD_SIZE": str(nodes * ntasks_per_node), "LOCAL_WORLD_SIZE": str(ntasks_per_node),
            "MASTER_ADDR": addr, "MASTER_PORT": str(port)}
-    return Wiring(argv=("/bin/sh", "-c", RANK_LINE, "slurm-ft-rank", *command), env=env,
+    return Wiring(prefix=("/bin/sh", "-c", RANK_LINE, "slurm-ft-rank"), env=env,
                   tasks_per_node=ntasks_per_node, ranks_per_node=ntasks_per_node)

@@ -15,9 +15,8 @@ def test_every_rank_gets_rank_world_size_local_rank_and_the_rendezvous():
     assert wiring.env == {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
                           "MASTER_PORT": "29512"}
     assert wiring.tasks_per_node == wiring.ranks_per_node == 4
-    assert wiring.argv[-2:] == ("python", "train.py")
     # the per-rank line, run for real as srun's task 5 (local task 1) would run it
-    done = subprocess.run([*wiring.argv[:-2], "sh", "-c", 'echo "$RANK $LOCAL_RANK $WORLD_SIZE"'],
+    done = subprocess.run([*wiring.prefix, "sh", "-c", 'echo "$RANK $LOCAL_RANK $WORLD_SIZE"'],
                           env={"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "WORLD_SIZE": "8", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["5", "1", "8"]
@@ -29,11 +28,10 @@ def test_torchrun_as_users_write_it_is_wired_per_node():
     assert wiring.tasks_per_node == 1 and wiring.ranks_per_node == 2
     assert wiring.env["PET_NNODES"] == "3" and wiring.env["PET_MASTER_ADDR"] == "n1"
     assert wiring.env["PET_MASTER_PORT"] == "29600" and "SIGUSR1" in wiring.env["PET_SIGNALS_TO_HANDLE"]
-    done = subprocess.run([*wiring.argv[:-len(command)], "sh", "-c", 'echo "$PET_NODE_RANK"'],
+    done = subprocess.run([*wiring.prefix, "sh", "-c", 'echo "$PET_NODE_RANK"'],
                           env={"SLURM_PROCID": "2", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "2"  # one torchrun per node: the task id is the node rank
-    assert wiring.argv[-len(command):] == command
 
 
 def test_torchrun_is_recognised_in_its_forms():

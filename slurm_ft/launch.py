@@ -65,8 +65,8 @@ class Outcome(str, enum.Enum):
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
-    ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: in-place
-    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
+    ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: the job's
+    restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
     (a rank wrote its error file: how long srun may take to end the step by itself), ``probe_timeout_s``
     (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait)."""
 
@@ -531,7 +531,8 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
     parser.add_argument("--ntasks-per-node", type=int, default=1, help="ranks per node (default 1)")
     parser.add_argument("--hang-timeout", type=float, help="seconds without heartbeat progress = hang (0 off)")
     parser.add_argument("--startup-grace", type=float, default=60.0, help="seconds before hang checks start")
-    parser.add_argument("--max-restarts", type=int, help="in-place restarts (default $SLURM_FT_MAX_RESTARTS or 3)")
+    parser.add_argument("--max-restarts", type=int, help="the job's restart budget: in-place restarts and requeues "
+                                                         "together (default $SLURM_FT_MAX_RESTARTS or 3)")
     parser.add_argument("--spare-nodes", type=int, help="allocation nodes held back as spares")
     parser.add_argument("--run-dir", help="heartbeats/error files (default $SLURM_FT_RUN_DIR or <ckpt>/.slurm-ft)")
     parser.add_argument("--probe-timeout", type=float, default=10.0,
@@ -583,16 +584,17 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
 
 
 def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> None:
-    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless the prolog (root, from the
-    SPANK options) already did; skipped when the state dir is not writable (the usual case for users)."""
+    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless it was submitted with the
+    SPANK options (the prolog registers those, as root, where the site config says); skipped when the state dir is
+    not writable (the usual case for users)."""
     from slurm_ft import config as ft_config
     from slurm_ft.errors import ConfigError
     from slurm_ft.monitor import write_registration
     from slurm_ft.registry import FtJob, registry_path
 
     job_id = environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return
+    if not job_id.isdigit() or environ.get(ft_env.SPANK_JOB_PREFIX + ft_env.ENABLED):
+        return  # submitted with --ft: the prolog registered it, in the state dir of the site (or lab) config
     try:
         state = ft_config.state_dir(ft_config.load_site_config())
     except ConfigError as exc:

@@ -709,8 +709,8 @@ def register(subparsers: argparse._SubParsersAction, name: str = "monitor") -> N
     parser.add_argument("--poll", type=float, help="seconds between polls (default [monitor] poll_interval_s, 30)")
     parser.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT (0 off)")
-    parser.add_argument("--max-restarts", type=int, help="budget for jobs that set none ([monitor] "
-                                                         "default_max_restarts, 3)")
+    parser.add_argument("--max-restarts", type=int, help="restart budget (in-place restarts and requeues together) "
+                                                         "for jobs that set none ([monitor] default_max_restarts, 3)")
     parser.set_defaults(func=_main)
 
 

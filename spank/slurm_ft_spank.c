@@ -5,7 +5,7 @@
  *   --ft-ckpt-dir=PATH        checkpoint directory (absolute path)
  *   --ft-ckpt-every=STEPS     checkpoint interval in steps (positive integer), or "auto" (Young/Daly interval
  *                             from the measured checkpoint cost and the observed failure rate)
- *   --ft-max-restarts=N       restart budget (non-negative integer)
+ *   --ft-max-restarts=N       restart budget: in-place restarts and requeues together (non-negative integer)
  *   --ft-hang-timeout=SECS    seconds without a heartbeat before a rank counts as hung (0: off)
  *   --ft-spare-nodes=N        nodes held back to replace a bad one (non-negative integer)
  *   --ft-no-requeue           never requeue: restart in place or stop
@@ -55,7 +55,8 @@ static const struct ft_setting ft_settings[] = {
 	{"ft-ckpt-dir", "CKPT_DIR", FT_PATH, 0, "path", "slurm-ft: checkpoint directory (absolute path)"},
 	{"ft-ckpt-every", "CKPT_EVERY", FT_POSITIVE_OR_AUTO, 1000000000L, "steps|auto",
 	 "slurm-ft: checkpoint every N steps, or auto (from checkpoint cost and failure rate)"},
-	{"ft-max-restarts", "MAX_RESTARTS", FT_NON_NEGATIVE, 10000L, "n", "slurm-ft: restart budget"},
+	{"ft-max-restarts", "MAX_RESTARTS", FT_NON_NEGATIVE, 10000L, "n",
+	 "slurm-ft: restart budget (in-place restarts and requeues together)"},
 	{"ft-hang-timeout", "HANG_TIMEOUT", FT_NON_NEGATIVE, 31536000L, "seconds",
 	 "slurm-ft: seconds without progress before a rank counts as hung (0: off)"},
 	{"ft-spare-nodes", "SPARE_NODES", FT_NON_NEGATIVE, 10000L, "n", "slurm-ft: spare nodes held in the allocation"},

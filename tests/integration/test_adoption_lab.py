@@ -85,3 +85,32 @@ def test_spare_nodes_leaving_no_node_to_train_on_stop_at_once_as_config(lab):
         assert [e["event"] for e in _events(ckpt)] == ["exit"]  # no attempt started
     finally:
         cancel(lab, job)
+
+
+def test_a_lab_job_registers_inside_the_lab(lab):
+    """``slurm-ft lab env`` covers slurm-ft too: a job submitted from a shell that ran it registers in
+    ``<lab>/state``, not in the host-wide default state dir (where another lab's job ids would collide)."""
+    import os
+    import shlex
+    import subprocess
+    import time
+
+    from slurm_ft.env import DEFAULT_STATE_DIR
+
+    exported = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "env", "--dir", str(lab.dir)],
+                              capture_output=True, text=True, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # a fresh login shell
+    env.update(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in exported.splitlines())
+    assert env["SLURM_FT_STATE_DIR"] == str(lab.dir / "state")
+    assert env["SLURM_FT_CONFIG"] == str(lab.dir / "etc" / "slurm-ft" / "config.toml")
+    ckpt = _fresh(lab, "ck-register-")
+    submitted = time.time()
+    job = submit(lab, f"{LAUNCH} -- {sys.executable} {TRAINER}\n", "-N2", f"--ft-ckpt-dir={ckpt}",
+                 "--export=ALL,STEPS=3", env=env)
+    try:
+        assert wait_job(lab, job, TERMINAL, timeout=120).state is JobState.COMPLETED, output_of(lab, job)[-2000:]
+        assert (lab.dir / "state" / "jobs" / f"{job}.json").is_file()
+        host_wide = Path(DEFAULT_STATE_DIR) / "jobs" / f"{job}.json"
+        assert not host_wide.exists() or host_wide.stat().st_mtime < submitted
+    finally:
+        cancel(lab, job)

@@ -339,3 +339,16 @@ def test_requeued_past_the_budget_stops_before_running(tmp_path):
     assert launcher.run() == 1
     assert runner.calls == []
     assert comments[0].startswith("slurm-ft: stopped cause=unknown by=launch restart budget exhausted (3 restarts > 2")
+
+
+def test_a_job_submitted_with_ft_is_registered_by_the_prolog_not_by_the_launcher(tmp_path, monkeypatch):
+    from slurm_ft.launch import _register_with_monitor
+
+    monkeypatch.setenv("SLURM_FT_STATE_DIR", str(tmp_path / "elsewhere"))  # not the lab's or site's state dir
+    monkeypatch.setenv("SLURM_FT_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    config = LaunchConfig(command=("x",), run_dir=tmp_path / "run")
+    _register_with_monitor(config, {"SLURM_JOB_ID": "42", "SLURM_SPANK_FT_ENABLED": "1"})
+    assert not (tmp_path / "elsewhere").exists()
+    _register_with_monitor(config, {"SLURM_JOB_ID": "43"})  # no plugin: the launcher registers it itself
+    assert (tmp_path / "elsewhere" / "jobs" / "43.json").is_file()

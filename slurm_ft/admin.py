@@ -48,6 +48,18 @@ class AdminError(SlurmFtError):
     """The install cannot go on; nothing after the failing step was changed."""
 
 
+NO_SOURCES = ("this slurm-ft has no hook sources (spank/, prolog/, epilog/): install it from a wheel or sdist "
+              "built by `pip wheel .`, or run it from the source tree")
+
+
+def hook_sources() -> Path:
+    """Where ``spank/``, ``prolog/`` and ``epilog/`` are: inside the installed package (a wheel ships them as
+    ``slurm_ft/hook_sources/``, see setup.py), else the source tree this package runs from."""
+    package = Path(__file__).resolve().parent
+    shipped = package / "hook_sources"
+    return shipped if (shipped / "spank" / "Makefile").is_file() else package.parent
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class InstallConfig:
     """Where things go. ``plugstack`` defaults to ``plugstack.conf`` next to ``slurm_conf`` (or /etc/slurm)."""
@@ -62,12 +74,13 @@ class InstallConfig:
     slurm_user: str = "slurm"
     edit: bool = False
     test_mode: bool = False  # TEST-ONLY: the lab's recorded-NVML injection (see health/checks.py)
-    source: Path = Path(__file__).resolve().parents[1]
+    source: Path = dataclasses.field(default_factory=hook_sources)
     slurm_include: Path | None = None  # None: the headers of the Slurm first on PATH (slurm_ft.slurm.headers)
+    default_ckpt_dir: Path | None = None  # the SPANK plugin's default_ckpt_dir= (None: sbatch needs --ft-ckpt-dir)
 
     def __post_init__(self) -> None:
         for name in ("prefix", "config_dir", "state_dir", "slurm_conf", "plugstack", "systemd_dir", "source",
-                     "slurm_include"):
+                     "slurm_include", "default_ckpt_dir"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -131,7 +144,9 @@ def slurm_conf_settings(cfg: InstallConfig) -> dict[str, str]:
 
 
 def plugstack_line(cfg: InstallConfig) -> str:
-    return f"required {cfg.plugin_path}"
+    """The plugstack.conf line; with the site's default checkpoint dir, ``--ft`` alone is enough to submit."""
+    default = f" default_ckpt_dir={cfg.default_ckpt_dir}" if cfg.default_ckpt_dir is not None else ""
+    return f"required {cfg.plugin_path}{default}"
 
 
 def render_wrapper(template: str, *, python: str, config: Path, slurm_bin: Path) -> str:
@@ -290,7 +305,7 @@ def build_plugin(source: Path, out_dir: Path, include_dir: Path) -> Path:
     """``make -C <source>/spank OUT=<out_dir> SLURM_INCLUDE=<include_dir>``; the built plugin's path."""
     makefile = source / "spank" / "Makefile"
     if not makefile.is_file():
-        raise AdminError(f"no {makefile}: admin install needs the slurm-ft source tree (spank/, prolog/, epilog/)")
+        raise AdminError(f"no {makefile}: {NO_SOURCES}")
     if shutil.which("make") is None or shutil.which(os.environ.get("CC", "cc")) is None:
         raise AdminError("building the SPANK plugin needs make and a C compiler: apt-get install -y build-essential")
     out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -348,7 +363,7 @@ def install(cfg: InstallConfig, *, dry_run: bool = False, rewrite_config: bool =
     templates = {kind: (cfg.source / rel) for kind, rel in WRAPPERS.items()}
     for path in templates.values():
         if not path.is_file():
-            raise AdminError(f"no {path}: admin install needs the slurm-ft source tree")
+            raise AdminError(f"no {path}: {NO_SOURCES}")
     if dry_run:
         result.notes.append("dry run: nothing written")
         return result
@@ -397,9 +412,11 @@ def _apply_edits(cfg: InstallConfig, result: InstallResult) -> None:
 
 def lab_install(lab_dir: Path, *, slurm_user: str) -> list[str]:
     """Install into a lab cluster directory (TEST-ONLY knobs on); the slurm.conf lines the lab must append."""
+    from slurm_ft.lab.cluster import LAB_SITE_CONFIG, LAB_STATE_DIR
+
     lab_dir = Path(lab_dir).absolute()
-    cfg = InstallConfig(prefix=lab_dir / "slurm-ft", config_dir=lab_dir / "etc" / "slurm-ft",
-                        state_dir=lab_dir / "state", plugstack=lab_dir / "plugstack.conf", systemd_dir=None,
+    cfg = InstallConfig(prefix=lab_dir / "slurm-ft", config_dir=(lab_dir / LAB_SITE_CONFIG).parent,
+                        state_dir=lab_dir / LAB_STATE_DIR, plugstack=lab_dir / "plugstack.conf", systemd_dir=None,
                         slurm_user=slurm_user, test_mode=True)
     result = InstallResult()
     install(cfg, rewrite_config=True)
@@ -431,6 +448,9 @@ def register(subparsers: Any, name: str) -> None:
     inst.add_argument("--slurm-include", type=Path,
                       help="Slurm's include dir to build the SPANK plugin with (default: the headers of the Slurm "
                            "first on PATH, <prefix>/include, else pkg-config slurm, else /usr/include)")
+    inst.add_argument("--default-ckpt-dir", type=Path,
+                      help="checkpoint dir of an --ft job that names none (default: none, sbatch then refuses "
+                           "--ft without --ft-ckpt-dir)")
     inst.add_argument("--dry-run", action="store_true", help="print what is needed, write nothing")
     inst.add_argument("--json", action="store_true", help="print the result as JSON")
     inst.set_defaults(func=_install_cmd)
@@ -446,7 +466,8 @@ def _install_cmd(args: argparse.Namespace) -> int:
                         plugstack=args.plugstack.absolute() if args.plugstack else None,
                         systemd_dir=None if args.no_systemd else args.systemd_dir.absolute(),
                         slurm_user=args.slurm_user, edit=args.edit,
-                        slurm_include=args.slurm_include.absolute() if args.slurm_include else None)
+                        slurm_include=args.slurm_include.absolute() if args.slurm_include else None,
+                        default_ckpt_dir=args.default_ckpt_dir)
     if not args.dry_run and os.geteuid() != 0:
         raise AdminError("admin install writes root-run hooks: run it as root (or use --dry-run)", exit_code=77)
     result = install(cfg, dry_run=args.dry_run)

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_ft import config as ft_config
 from slurm_ft.errors import SlurmFtError
 from slurm_ft.classify.taxonomy import Category, culprit_text
 from slurm_ft.faults import crash_node, fault_timing, read_events, signal_rank
@@ -245,7 +244,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
     lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=4))
     say(f"lab: starting a 4-node Slurm cluster in {lab.dir}")
     lab.up(progress=lambda m: say(f"lab: {m}"))
-    state = ft_config.state_dir(ft_config.load_site_config(lab.dir / "etc" / "slurm-ft" / "config.toml"))
+    state = lab.state_dir  # the lab's own, whatever $SLURM_FT_STATE_DIR says
     workdir = cfg.dir / "jobs"
     workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
     env = {**os.environ, **lab.env()}

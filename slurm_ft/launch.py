@@ -45,9 +45,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slurm_ft import env as ft_env
+from slurm_ft.budget import Budget, counts, with_counts
 from slurm_ft.classify.taxonomy import Category
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmFtError
+from slurm_ft.launch_env import wire
+from slurm_ft.launch_text import describe
 from slurm_ft.slurm.types import NodeInfo
 from slurm_ft.train.records import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
                                     read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
@@ -65,13 +68,14 @@ class Outcome(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # srun exited non-zero (a rank died, a node failed)
     HUNG = "hung"  # no heartbeat progress within the hang timeout; killed by us
+    PREEMPTED = "preempted"  # the launcher got SIGUSR1/SIGTERM: forwarded to the ranks (slurm_ft.launch_preempt)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
-    ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: in-place
-    retries), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
+    ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: the job's
+    restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
     (a rank wrote its error file: how long srun may take to end the step by itself), ``probe_timeout_s``
     (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
     (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``)."""
@@ -123,6 +127,8 @@ class Process(Protocol):
 
     def kill(self) -> None: ...
 
+    def send_signal(self, sig: int) -> None: ...
+
 
 class Runner(Protocol):
     def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> Process: ...
@@ -145,6 +151,9 @@ class _Popen:
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
+
+    def send_signal(self, sig: int) -> None:
+        self._signal(sig)  # srun forwards it to every task of the step
 
     def kill(self) -> None:
         self._signal(signal.SIGKILL)
@@ -242,7 +251,8 @@ class Launcher:
                  sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
                  resume_step: int | None = None, probe: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
                  set_comment: Callable[[str], None] | None = None, requeues: int = 0,
-                 restart_cause: str | None = None,
+                 restart_cause: str | None = None, latch: Any = None, preempt: Any = None,
+                 requeue: Callable[[], None] | None = None, comment: str = "",
                  gather_hang: Callable[[Sequence[str], Path], str] | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
@@ -254,6 +264,12 @@ class Launcher:
         self.probe, self.set_comment = probe, set_comment
         self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch_hang); "" or why not
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
+        from slurm_ft.launch_preempt import PreemptConfig
+
+        self.latch, self.preempt = latch, preempt or PreemptConfig()  # SIGUSR1/SIGTERM: save, requeue
+        self.requeue = requeue  # requeues this job (after the ranks' emergency save on SIGUSR1)
+        self.comment = comment  # the job's Comment: the resume hint, the cause, the restart budget's counts
+        self.budget = Budget(limit=config.max_restarts, requeues=requeues, **counts(comment))  # slurm_ft.budget
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
         if self.wanted < 1 or self.wanted > len(self.allocation):
             raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
@@ -264,12 +280,12 @@ class Launcher:
         self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
 
     def run(self) -> int:
-        retries_left = self.config.max_restarts
         bad: set[str] = set()
-        if self.requeues > self.config.max_restarts:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
+        if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
             from slurm_ft.monitor import stop_comment
 
-            why = f"restart budget exhausted ({self.requeues} requeues > {self.config.max_restarts})"
+            why = (f"restart budget exhausted ({self.budget.used} restarts > {self.budget.limit}: "
+                   f"{self.requeues} requeues, {self.budget.in_place} in place, {self.budget.free} not for faults)")
             self._comment(stop_comment("unknown", f"by=launch {why}", ()))
             return self._exit(1, why)
         self._archive("earlier")  # a requeued job's run dir holds the previous run's beats and errors
@@ -277,10 +293,14 @@ class Launcher:
             chosen = choose_nodes(self.allocation, wanted=self.wanted, bad=bad)
             if chosen is None:
                 return self._exit(EX_TEMPFAIL, "no healthy nodes left in the allocation", bad=sorted(bad))
+            if self._signalled():  # between attempts: nothing runs, the newest checkpoint is the resume step
+                return self._preempted()
             self.attempts += 1
             if self.attempts > 1:
                 self._archive(f"attempt-{self.attempts - 1}")
             result = self._attempt(chosen)
+            if result.outcome is Outcome.PREEMPTED:
+                return self._preempted()
             if result.outcome is Outcome.SUCCEEDED:
                 return self._exit(0, "succeeded")
             self._event("fault_detected", kind=result.outcome.value, time=result.time, exit_code=result.exit_code,
@@ -301,10 +321,12 @@ class Launcher:
                 category, reason, evidence = self._stopping
                 self._comment(stop_comment(category, f"by=launch {reason}", evidence))
                 return self._exit(result.exit_code or 1, "not recoverable in place", cause=category)
-            if retries_left == 0:
-                return self._exit(result.exit_code or 1, "in-place restart budget exhausted")
-            retries_left -= 1
-            self._event("restart_in_place", attempt=self.attempts, retries_left=retries_left)
+            if self.budget.left == 0:
+                return self._exit(result.exit_code or 1, f"restart budget exhausted ({self.budget.used} of "
+                                  f"{self.budget.limit} used, in place and requeues together)")
+            self.budget = dataclasses.replace(self.budget, in_place=self.budget.in_place + 1)
+            self._comment(self.comment)  # the new count, for the monitor and the next run
+            self._event("restart_in_place", attempt=self.attempts, retries_left=self.budget.left)
 
     def _sick(self, chosen: list[str]) -> set[str]:
         """Nodes of the attempt that Slurm calls unhealthy, or that fail the probe step."""
@@ -338,6 +360,8 @@ class Launcher:
         return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad), unconfirmed=waiting)
 
     def _comment(self, text: str) -> None:
+        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.budget)."""
+        text = self.comment = with_counts(text, in_place=self.budget.in_place, free=self.budget.free)
         if self.set_comment is None:
             return
         try:
@@ -345,26 +369,68 @@ class Launcher:
         except SlurmFtError as exc:
             self._event("comment_error", error=str(exc)[-200:])
 
+    # --- SIGUSR1 / SIGTERM (slurm_ft.launch_preempt) ------------------------------------------------------------
+    def _signalled(self) -> bool:
+        return self.latch is not None and self.latch.signum is not None
+
+    def _forward(self, proc: Process) -> AttemptResult:
+        """Pass the signal to every rank (their emergency save) and wait for them within the deadline."""
+        signum = self.latch.signum
+        wait_s = self.preempt.wait_s(signum)
+        self._event("signal_forwarded", signal=signal.Signals(signum).name, attempt=self.attempts, wait_s=wait_s)
+        proc.send_signal(signum)
+        deadline = self.clock() + wait_s
+        while proc.poll() is None and self.clock() < deadline:
+            self.sleep(min(self.config.poll_s, 0.2))
+        code = proc.poll()
+        if code is None:  # past the deadline: what was saved is saved
+            self._kill(proc, grace_s=0.0)
+        return AttemptResult(outcome=Outcome.PREEMPTED, exit_code=code if code is not None else -signal.SIGKILL,
+                             time=self.clock())
+
+    def _preempted(self) -> int:
+        """After the ranks' emergency save: SIGUSR1 -> requeue from that step; SIGTERM -> end, Slurm decides."""
+        from slurm_ft.launch_preempt import preemption_comment, requeue_job
+
+        signum = self.latch.signum
+        step = self._committed()
+        self._event("preempted", signal=signal.Signals(signum).name, attempt=self.attempts, resume_step=step)
+        if signum != signal.SIGUSR1:
+            return self._exit(128 + signum, "SIGTERM: the ranks saved; Slurm ends the job", resume_step=step)
+        self.budget = dataclasses.replace(self.budget, free=self.budget.free + 1)  # not a fault: no restart used
+        self._comment(preemption_comment(self.requeues + 1, step))
+        why = requeue_job(self.requeue)
+        if why:
+            self._event("requeue_error", error=why)
+            self._comment(f"slurm-ft: tempfail cause=preemption resume_step={step} attempts={self.attempts}")
+            return self._exit(EX_TEMPFAIL, f"SIGUSR1: the ranks saved; the requeue failed: {why}", resume_step=step)
+        return self._exit(0, "SIGUSR1: the ranks saved; requeued", cause="preemption", resume_step=step)
+
     # --- one attempt ----------------------------------------------------------------------------------------
     def _attempt(self, chosen: list[str]) -> AttemptResult:
         cfg = self.config
         env = self._env(chosen)
+        wiring = wire(cfg.command, nodes=len(chosen), ntasks_per_node=cfg.ntasks_per_node, addr=env["MASTER_ADDR"],
+                      port=int(env["MASTER_PORT"]))  # RANK, WORLD_SIZE ... for every rank; torchrun wired
+        env.update(wiring.env)
         # A step that had a rank on a dead node stays "completing" in Slurm's books, holding its CPUs on the live
         # nodes, until the job ends: later attempts share them (only one attempt runs at a time).
         overlap = ["--overlap"] if self.attempts > 1 else []
-        argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * cfg.ntasks_per_node}",
-                f"--ntasks-per-node={cfg.ntasks_per_node}", f"--nodelist={','.join(chosen)}",
-                "--kill-on-bad-exit=1", *overlap, *self._wrapped(cfg.command)]
+        argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * wiring.tasks_per_node}",
+                f"--ntasks-per-node={wiring.tasks_per_node}", f"--nodelist={','.join(chosen)}",
+                "--kill-on-bad-exit=1", *overlap, *wiring.prefix, *self._wrapped(cfg.command)]
 
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
                     time=started, resume_step=self._committed())
         proc = self.runner(argv, env)
-        watch = HangWatch(len(chosen) * cfg.ntasks_per_node, started, timeout_s=cfg.hang_timeout_s,
+        watch = HangWatch(len(chosen) * wiring.ranks_per_node, started, timeout_s=cfg.hang_timeout_s,
                           grace_s=cfg.startup_grace_s)
         first_step_logged = False
         failed_since: float | None = None
         while True:
+            if self._signalled():
+                return self._forward(proc)
             code = proc.poll()
             if code is not None:
                 now = self.clock()
@@ -503,7 +569,7 @@ class Launcher:
     def _event(self, event: str, **fields: Any) -> None:
         record = {"event": event, "time": round(self.clock(), 3), **fields}
         line = json.dumps(record, default=str)
-        log.info(line)
+        log.info(describe(record))  # a plain line in the job's output; the JSON goes to events.jsonl
         try:
             self.config.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.config.run_dir / EVENTS_FILE, "a") as fh:
@@ -520,7 +586,8 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
     parser.add_argument("--ntasks-per-node", type=int, default=1, help="ranks per node (default 1)")
     parser.add_argument("--hang-timeout", type=float, help="seconds without heartbeat progress = hang (0 off)")
     parser.add_argument("--startup-grace", type=float, default=60.0, help="seconds before hang checks start")
-    parser.add_argument("--max-restarts", type=int, help="in-place restarts (default $SLURM_FT_MAX_RESTARTS or 3)")
+    parser.add_argument("--max-restarts", type=int, help="the job's restart budget: in-place restarts and requeues "
+                                                         "together (default $SLURM_FT_MAX_RESTARTS or 3)")
     parser.add_argument("--spare-nodes", type=int, help="allocation nodes held back as spares")
     parser.add_argument("--run-dir", help="heartbeats/error files (default $SLURM_FT_RUN_DIR or <ckpt>/.slurm-ft)")
     parser.add_argument("--probe-timeout", type=float, default=10.0,
@@ -529,6 +596,9 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
                         help="seconds to wait for Slurm to declare a bad node before exiting 75 (default 60)")
     parser.add_argument("--no-rank-records", action="store_true",
                         help="run CMD without the per-rank wrapper that records how each rank ended")
+    parser.add_argument("--preempt-deadline", type=float,
+                        help="seconds the ranks get to save after SIGUSR1/SIGTERM (default $SLURM_FT_PREEMPT_DEADLINE "
+                             "or 25; on SIGTERM at most KillWait - 5)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     parser.set_defaults(func=_main)
 
@@ -572,16 +642,17 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
 
 
 def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> None:
-    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless the prolog (root, from the
-    SPANK options) already did; skipped when the state dir is not writable (the usual case for users)."""
+    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless it was submitted with the
+    SPANK options (the prolog registers those, as root, where the site config says); skipped when the state dir is
+    not writable (the usual case for users)."""
     from slurm_ft import config as ft_config
     from slurm_ft.errors import ConfigError
     from slurm_ft.monitor import write_registration
     from slurm_ft.registry import FtJob, registry_path
 
     job_id = environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit():
-        return
+    if not job_id.isdigit() or environ.get(ft_env.SPANK_JOB_PREFIX + ft_env.ENABLED):
+        return  # submitted with --ft: the prolog registered it, in the state dir of the site (or lab) config
     try:
         state = ft_config.state_dir(ft_config.load_site_config())
     except ConfigError as exc:
@@ -601,15 +672,33 @@ def _main(args: argparse.Namespace) -> int:
     from slurm_ft.monitor import parse_restart_cause, parse_resume_step
     from slurm_ft.slurm.parsers import expand_hostlist
 
+    from slurm_ft import launch_checks, launch_preempt
+
+    latch = launch_preempt.SignalLatch()
+    latch.install()  # from the start: a SIGUSR1 while starting up must not kill the launcher
     environ = dict(os.environ)
-    config = config_from_args(args, environ)
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not nodelist:
         raise SlurmFtError("launch: not inside a Slurm allocation (SLURM_JOB_NODELIST is unset)")
     allocation = expand_hostlist(nodelist)
-    _register_with_monitor(config, environ)
     client = _client()
     job_id = environ.get("SLURM_JOB_ID", "")
+
+    def set_comment(text: str) -> None:
+        if client is not None and job_id.isdigit():
+            client.update_job(int(job_id), comment=text)
+
+    try:  # a configuration mistake fails every attempt alike: stop now, say what works
+        config = config_from_args(args, environ)
+        launch_checks.preflight(config.command, allocation=allocation, nodes=config.nodes,
+                                spare_nodes=config.spare_nodes, ntasks_per_node=config.ntasks_per_node,
+                                run_dir=config.run_dir, environ=environ)
+        preempt = launch_preempt.PreemptConfig(
+            deadline_s=launch_preempt.deadline_setting(getattr(args, "preempt_deadline", None), environ),
+            kill_wait_s=launch_preempt.kill_wait(environ))
+    except SlurmFtError as exc:
+        return launch_checks.refuse(str(exc), set_comment=set_comment, environ=environ)
+    _register_with_monitor(config, environ)
     comment = _job_comment(client, job_id)
     resume = ft_env.job_setting(ft_env.RESUME_STEP, environ)
     resume_step = int(resume) if resume and resume.isdigit() else parse_resume_step(comment)
@@ -621,9 +710,10 @@ def _main(args: argparse.Namespace) -> int:
     def probe(nodes: Sequence[str]) -> dict[str, str]:
         return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s))
 
-    def set_comment(text: str) -> None:
-        if client is not None and job_id.isdigit():
-            client.update_job(int(job_id), comment=text)
+    def requeue() -> None:
+        if client is None or not job_id.isdigit():
+            raise SlurmFtError("launch: no Slurm client or job id to requeue")
+        client.requeue(int(job_id))
 
     from slurm_ft.classify import classify
     from slurm_ft.launch_probe import ProbeConfig, probe_nodes
@@ -637,7 +727,7 @@ def _main(args: argparse.Namespace) -> int:
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
-                        gather_hang=gather_hang)
+                        latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang)
     return launcher.run()
 
 

@@ -55,6 +55,7 @@ from typing import Any
 
 from slurm_ft import config as ft_config
 from slurm_ft import env
+from slurm_ft.budget import NOT_FAULTS, Budget, counts, with_counts
 from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
 from slurm_ft.classify.taxonomy import Action, Verdict
 from slurm_ft.config import require
@@ -317,9 +318,10 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
     if ft.no_requeue:
         return Decision(requeue=False, category=category, reason="recoverable, but the job asked for no requeue "
                         "(--ft-no-requeue)", resume_step=resume_step)
-    if job.restart_count >= budget:
-        return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({budget})",
-                        resume_step=resume_step)
+    used = Budget(limit=budget, requeues=job.restart_count, **counts(job.comment))  # in place and requeues
+    if used.left == 0 and category not in NOT_FAULTS:
+        return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({used.used} of {budget} "
+                        "restarts used, in place and requeues together)", resume_step=resume_step)
     if restarted_before and resume_step == previous_resume_step:
         return Decision(requeue=False, category=category,
                         reason=f"crash loop: no checkpoint progress since the last restart (step {resume_step})",
@@ -407,13 +409,16 @@ class Monitor:
 
     def __init__(self, config: MonitorConfig, client: SlurmClient, classify_fn: Callable[[Evidence], Verdict],
                  quarantine: Any = None, clock: Callable[[], float] = time.time,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, tell_user: Callable[..., str] | None = None) -> None:
         self.config = config
         self.client = client
         self.classify_fn = classify_fn
         self.quarantine = quarantine
         self.clock = clock
         self.metrics = metrics or Metrics()
+        if tell_user is None:
+            from slurm_ft.stop_note import tell_user
+        self.tell_user = tell_user  # a stop's verdict into the job's run dir and output file, as the job's user
         self.db = MonitorDb(Path(config.state_dir) / DB_NAME)
 
     # --- public ---------------------------------------------------------------------------------------------
@@ -503,7 +508,16 @@ class Monitor:
                 and self.db.action(job.job_id, job.restart_count, "adopt") is None)
 
     def _adopt(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row) -> int:
-        """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint."""
+        """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint.
+        The launcher's own requeue after a preemption signal (its Comment says so) is recorded as it stands."""
+        from slurm_ft.launch_preempt import launcher_requeue
+
+        if launcher_requeue(job.comment, job.restart_count):
+            self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.REQUEUED, now=self.clock(),
+                            last_resume_step=parse_resume_step(job.comment), requeued_at=self.clock())
+            self._event("job_requeued", job_id=job.job_id, restart=job.restart_count, comment=job.comment,
+                        by="launch")
+            return 1
         previous = tuple(json.loads(row["nodes"] or "[]"))
         dead = {n for n in previous if n in nodes and (nodes[n].down or "NOT_RESPONDING" in nodes[n].state)}
         ended = dataclasses.replace(job, state=JobState.NODE_FAIL if dead else JobState.REQUEUED, nodes=previous)
@@ -513,7 +527,8 @@ class Monitor:
         decision = Decision(requeue=True, category=verdict.category.value, reason="requeued by Slurm",
                             culprits=tuple(sorted(set(struck_nodes(verdict, ended)) | dead)), resume_step=resume_step)
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
-                  "comment": requeue_comment(job.restart_count, resume_step, decision.category),
+                  "comment": with_counts(requeue_comment(job.restart_count, resume_step, decision.category),
+                                         **counts(job.comment)),
                   "resume_step": resume_step}
         self._event("job_requeued_by_slurm", job_id=job.job_id, restart_count=job.restart_count,
                     last_nodes=list(previous), verdict=verdict.to_dict(), dry_run=self.config.dry_run)
@@ -606,8 +621,11 @@ class Monitor:
                                   f"{name}: node state {'+'.join(sorted(info.state))} under running job {job.job_id}")
 
     def _requeue(self, job: JobInfo, decision: Decision) -> None:
+        carried = counts(job.comment)  # the restart budget's counts; a requeue not for a fault is free
+        carried["free"] += decision.category in NOT_FAULTS
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits) | set(decision.exclude)),
-                  "comment": requeue_comment(job.restart_count + 1, decision.resume_step, decision.category),
+                  "comment": with_counts(requeue_comment(job.restart_count + 1, decision.resume_step,
+                                                         decision.category), **carried),
                   "resume_step": decision.resume_step}
         self.db.intent(job.job_id, job.restart_count, "requeue", detail, self.clock())
         self.client.requeue(job.job_id, hold=True)
@@ -636,6 +654,7 @@ class Monitor:
             self.client.update_job(job.job_id, comment=comment)
         except SlurmCommandError as exc:  # Slurm 22.05 refuses updates to a finished job: the verdict stays here
             self._event("comment_refused", job_id=job.job_id, error=str(exc)[-200:])
+        self._tell_user(job, decision, comment)
         if cancel:
             self.client.cancel(job.job_id)
         self.db.done(job.job_id, job.restart_count, "stop", self.clock())
@@ -643,6 +662,17 @@ class Monitor:
         self.metrics.stop()
         self._event("job_stopped", job_id=job.job_id, category=decision.category, reason=decision.reason,
                     comment=comment)
+
+    def _tell_user(self, job: JobInfo, decision: Decision, comment: str) -> None:
+        """The verdict where the user looks: the run dir's events (``slurm-ft report``) and the job's output file,
+        written by a child running as the job's user (slurm_ft.stop_note)."""
+        ft = read_registration(self.config.state_dir, job)
+        record = {"event": "stopped", "by": "monitor", "time": round(self.clock(), 3), "job_id": job.job_id,
+                  "category": decision.category, "reason": decision.reason, "comment": comment}
+        why = self.tell_user(uid=job.user_id, run_dir=ft.run_dir if ft is not None else "", output=job.std_out,
+                             record=record)
+        if why:
+            self._event("stop_note_error", job_id=job.job_id, error=why)
 
     def _reconcile(self, job: JobInfo) -> None:
         """Finish or forget actions a killed monitor left as ``intent``."""
@@ -679,8 +709,8 @@ def register(subparsers: argparse._SubParsersAction, name: str = "monitor") -> N
     parser.add_argument("--poll", type=float, help="seconds between polls (default [monitor] poll_interval_s, 30)")
     parser.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT (0 off)")
-    parser.add_argument("--max-restarts", type=int, help="budget for jobs that set none ([monitor] "
-                                                         "default_max_restarts, 3)")
+    parser.add_argument("--max-restarts", type=int, help="restart budget (in-place restarts and requeues together) "
+                                                         "for jobs that set none ([monitor] default_max_restarts, 3)")
     parser.set_defaults(func=_main)
 
 

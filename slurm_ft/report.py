@@ -67,6 +67,8 @@ def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
                 rows[-1].update(ended=ended, end=event["time"])
             else:
                 rows[-1]["ended"] += f", then {ended}"
+        elif kind == "stopped":  # the monitor's final word (slurm_ft.stop_note)
+            rows[-1]["ended"] += f"; stopped by the monitor: {event.get('category')} ({event.get('reason')})"
     return [AttemptRow(**row) for row in rows]
 
 

@@ -18,18 +18,33 @@ def read_status(state_dir: Path, *, actions: int = 20) -> dict[str, Any]:
     path = Path(state_dir) / DB_NAME
     if not path.is_file():
         raise SlurmFtError(f"status: no monitor state at {path} (has `slurm-ft monitor` run with this --state-dir?)")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        jobs, acts = _read(path, actions, immutable=False)
+    except sqlite3.OperationalError as exc:
+        # A stopped monitor leaves no -wal/-shm; a reader that may not create them in the root-owned state dir
+        # (any non-root user) reads the file as it is: with no -wal nothing is left out.
+        if Path(f"{path}-wal").exists() or "readonly" not in str(exc) and "unable to open" not in str(exc):
+            raise SlurmFtError(f"status: cannot read {path}: {exc}") from exc
+        jobs, acts = _read(path, actions, immutable=True)
+    for act in acts:
+        act["detail"] = json.loads(act["detail"])
+    return {"jobs": jobs, "actions": acts}
+
+
+def _read(path: Path, actions: int, *, immutable: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The jobs and the newest actions, through a read-only connection (``immutable``: no locks, no -shm)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro{'&immutable=1' if immutable else ''}", uri=True, timeout=5.0)
     conn.row_factory = sqlite3.Row
     try:
         jobs = [dict(r) for r in conn.execute("SELECT * FROM jobs ORDER BY updated DESC")]
         acts = [dict(r) for r in conn.execute("SELECT * FROM actions ORDER BY time DESC LIMIT ?", (actions,))]
+    except sqlite3.OperationalError:
+        raise
     except sqlite3.DatabaseError as exc:
         raise SlurmFtError(f"status: {path} is not a monitor database: {exc}") from exc
     finally:
         conn.close()
-    for act in acts:
-        act["detail"] = json.loads(act["detail"])
-    return {"jobs": jobs, "actions": acts}
+    return jobs, acts
 
 
 def format_status(status: dict[str, Any]) -> str:

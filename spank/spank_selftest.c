@@ -84,6 +84,65 @@ static const char *value_of(const char *name)
 	return NULL;
 }
 
+static int nodes_of(const char *line)
+{
+	char buf[512], *words[32];
+	int n = 0;
+
+	snprintf(buf, sizeof(buf), "%s", line);
+	for (char *w = strtok(buf, " "); w != NULL && n < 32; w = strtok(NULL, " "))
+		words[n++] = w;
+	return (int)ft_nodes_from_args(n, words);
+}
+
+static void reset(void)
+{
+	memset(ft_given, 0, sizeof(ft_given));
+	memset(ft_values, 0, sizeof(ft_values));
+	ft_default_ckpt_dir[0] = '\0';
+	ft_enabled = 0;
+	last_error[0] = '\0';
+}
+
+/* What sbatch refuses before queueing: --ft without a checkpoint dir, spares >= nodes; plugstack arguments. */
+static void check_job_refusals(void)
+{
+	char *argv_spares[] = {"sbatch", "-N2", "--ft-spare-nodes=2", "job.sh"};
+	char *args_ok[] = {"default_ckpt_dir=/scratch/ckpt"};
+	char *args_bad[] = {"default_ckpt=/x"};
+	char *args_relative[] = {"default_ckpt_dir=ckpt"};
+
+	CHECK(nodes_of("sbatch -N2 job.sh") == 2, "-N2");
+	CHECK(nodes_of("sbatch -N 3 --ft job.sh") == 3, "-N 3");
+	CHECK(nodes_of("sbatch --nodes=2-4 job.sh") == 4, "--nodes=2-4: the largest");
+	CHECK(nodes_of("sbatch --nodes 5 job.sh") == 5, "--nodes 5");
+	CHECK(nodes_of("sbatch job.sh -N 1") == -1, "a script argument is not sbatch's");
+	CHECK(nodes_of("sbatch -J name -N2 job.sh") == -1, "stops at the first bare word (an option value)");
+	CHECK(nodes_of("sbatch -Nx job.sh") == -1, "-Nx is no node count");
+
+	reset();
+	accepted("ft", NULL);
+	last_error[0] = '\0';
+	CHECK(ft_check_job(1, argv_spares) == -1 && strcmp(last_error, "slurm-ft: --ft needs --ft-ckpt-dir=PATH "
+	      "(absolute, on a file system all nodes share): where checkpoints, heartbeats and error files go") == 0,
+	      "--ft without a checkpoint dir: \"%s\"", last_error);
+	accepted("ft-ckpt-dir", "/ckpt/run1");
+	accepted("ft-spare-nodes", "2");
+	CHECK(ft_check_job(4, argv_spares) == -1 && strcmp(last_error, "slurm-ft: --ft-spare-nodes=2 leaves none of "
+	      "the job's 2 node(s) to train on: ask for -N3 or more, or fewer spares") == 0, "spares: \"%s\"",
+	      last_error);
+	CHECK(ft_check_job(0, argv_spares) == 0, "no command line: the launcher checks spares at start");
+
+	reset();
+	CHECK(ft_plugin_args(1, args_bad) == -1 && strstr(last_error, "unknown argument 'default_ckpt=/x'"), "bad arg");
+	CHECK(ft_plugin_args(1, args_relative) == -1 && strstr(last_error, "is not an absolute path"), "relative");
+	CHECK(ft_plugin_args(1, args_ok) == 0, "default_ckpt_dir");
+	accepted("ft", NULL);
+	CHECK(ft_check_job(0, argv_spares) == 0, "a site default makes --ft alone fine");
+	ft_apply_default();
+	CHECK(ft_given[FT_CKPT_DIR] && strcmp(ft_values[FT_CKPT_DIR], "/scratch/ckpt") == 0, "default applied");
+}
+
 int main(void)
 {
 	char long_path[PATH_MAX + 10];
@@ -96,8 +155,7 @@ int main(void)
 	refused("ft-max-restarts", "3 ", "slurm-ft: --ft-max-restarts: '3 ' is not a non-negative integer");
 	refused("ft-max-restarts", "99999999999999999999", "slurm-ft: --ft-max-restarts: '99999999999999999999' is not a non-negative integer");
 	refused("ft-max-restarts", "10001", "slurm-ft: --ft-max-restarts: '10001' is too large");
-	refused("ft-hang-timeout", "0", "slurm-ft: --ft-hang-timeout: '0' is not a positive integer");
-	refused("ft-hang-timeout", "10m", "slurm-ft: --ft-hang-timeout: '10m' is not a positive integer");
+	refused("ft-hang-timeout", "10m", "slurm-ft: --ft-hang-timeout: '10m' is not a non-negative integer");
 	refused("ft-ckpt-every", "", "slurm-ft: --ft-ckpt-every: '' is not a positive integer or 'auto'");
 	refused("ft-ckpt-every", "autox", "slurm-ft: --ft-ckpt-every: 'autox' is not a positive integer or 'auto'");
 	refused("ft-ckpt-every", "AUTO", "slurm-ft: --ft-ckpt-every: 'AUTO' is not a positive integer or 'auto'");
@@ -119,6 +177,7 @@ int main(void)
 	accepted("ft-max-restarts", "0");
 	accepted("ft-max-restarts", "5");
 	accepted("ft-ckpt-dir", "/shared/ckpt/run 1");
+	accepted("ft-hang-timeout", "0"); /* off, as slurm-ft launch --hang-timeout 0 */
 	accepted("ft-hang-timeout", "600");
 	accepted("ft-ckpt-every", "1000000000");
 	accepted("ft-ckpt-every", "auto");
@@ -142,6 +201,8 @@ int main(void)
 	CHECK(value_of("SLURM_FT_HANG_TIMEOUT") && strcmp(value_of("SLURM_FT_HANG_TIMEOUT"), "600") == 0,
 	      "SLURM_FT_HANG_TIMEOUT");
 	CHECK(value_of("SLURM_FT_ENABLED") != NULL, "SLURM_FT_ENABLED");
+
+	check_job_refusals();
 
 	printf("spank selftest: %s (%d failures)\n", failures ? "FAILED" : "ok", failures);
 	return failures ? 1 : 0;

@@ -172,14 +172,13 @@ class Bench:
 
     # -- lab ----------------------------------------------------------------------------------------------------
     def __enter__(self) -> "Bench":
-        from slurm_ft import config as ft_config
         from slurm_ft.demo import MonitorThread
         from slurm_ft.lab.cluster import LabCluster, LabConfig
 
         self.lab = LabCluster(LabConfig(dir=self.config.dir / "lab", nodes=self.config.lab_nodes))
         self.say(f"lab: starting a {self.config.lab_nodes}-node Slurm cluster in {self.lab.dir}")
         self.lab.up(progress=lambda m: self.say(f"lab: {m}"))
-        state = ft_config.state_dir(ft_config.load_site_config(self.lab.dir / "etc" / "slurm-ft" / "config.toml"))
+        state = self.lab.state_dir
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         _open_up(self.config.dir)
         self.monitor = MonitorThread(self.lab, state, self.config.dir / "monitor.log", lambda line: None)

@@ -39,6 +39,8 @@ REQUIRED_PROGRAMS = {  # program -> Debian package
 }
 MAX_DIR_LENGTH = 72  # unix socket paths (munge, slurmstepd) must stay under 108 bytes
 STATE_FILE = "lab.json"
+LAB_STATE_DIR = "state"  # slurm-ft's state dir inside the lab (admin.lab_install writes its site config so)
+LAB_SITE_CONFIG = "etc/slurm-ft/config.toml"
 
 
 class LabError(SlurmFtError):
@@ -131,9 +133,21 @@ class LabCluster:
     def cluster_name(self) -> str:
         return "lab" + hashlib.sha256(str(self.dir).encode()).hexdigest()[:8]
 
+    @property
+    def state_dir(self) -> Path:
+        """slurm-ft's state in this lab (registrations, node reports, monitor and quarantine databases)."""
+        return self.dir / LAB_STATE_DIR
+
+    @property
+    def site_config(self) -> Path:
+        return self.dir / LAB_SITE_CONFIG
+
     def env(self) -> dict[str, str]:
-        """Environment for Slurm commands against this lab (merge into ``os.environ``)."""
-        return {"SLURM_CONF": str(self.conf_path)}
+        """Environment for Slurm and slurm-ft commands against this lab (merge into ``os.environ``): its
+        slurm.conf, its slurm-ft site config and state dir, so nothing of the lab lands outside its directory
+        (jobs submitted with it register there too)."""
+        return {"SLURM_CONF": str(self.conf_path), ft_env.SITE_CONFIG: str(self.site_config),
+                ft_env.STATE_DIR: str(self.state_dir)}
 
     def client(self) -> CliSlurmClient:
         return CliSlurmClient(env=self.env())

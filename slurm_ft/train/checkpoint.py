@@ -42,11 +42,12 @@ from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMe
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from slurm_ft import env
-from slurm_ft.classify.taxonomy import Category
+from slurm_ft.budget import NOT_FAULTS
 from slurm_ft.config import require
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.errors import ConfigError, SlurmFtError
 from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.train import layout, records
+from slurm_ft.train.console import show_progress
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
 
@@ -61,7 +62,8 @@ LOCAL_STATE = "rank_{rank:05d}.pt"
 DCP_METADATA = ".metadata"  # DCP's index of every saved item and where its data lies
 DATALOADER_KEY = "dataloader"
 # Restart causes that say nothing about the failure rate: the job was stopped, not broken.
-NOT_FAILURES = frozenset(c.value for c in (Category.PREEMPTION, Category.TIME_LIMIT, Category.CANCELLED))
+NOT_FAILURES = NOT_FAULTS
+EMERGENCY_DEADLINE_S = 20.0  # default: fits Slurm's default KillWait (30 s) with the launcher's wait (25 s)
 AUTO = "auto"  # CheckpointConfig.every: Young/Daly interval from measured cost and failure rate
 AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training time before a run's first save
 
@@ -97,7 +99,7 @@ class CheckpointConfig:
     keep_last: int = 3
     keep_every: int = 0
     async_save: bool = True
-    emergency_deadline_s: float = 60.0
+    emergency_deadline_s: float = EMERGENCY_DEADLINE_S
     verify: bool = True
     write_threads: int = 2
     reuse_staging_buffers: bool = True
@@ -145,10 +147,10 @@ class CheckpointConfig:
             try:
                 values["every"] = int(every)
             except ValueError:
-                raise SlurmFtError(f"every: CKPT_EVERY must be an integer or {AUTO!r}, got {every!r}") from None
+                raise ConfigError(f"every: CKPT_EVERY must be an integer or {AUTO!r}, got {every!r}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "dir" not in values:
-            raise SlurmFtError("dir: no checkpoint directory (set --ft-ckpt-dir or SLURM_FT_CKPT_DIR)")
+            raise ConfigError("dir: no checkpoint directory (set --ft-ckpt-dir or SLURM_FT_CKPT_DIR)")
         return cls(**values)
 
 
@@ -226,6 +228,7 @@ class CheckpointManager:
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(process_group) if self._distributed else 0
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
+        show_progress(self.rank)  # "resumed from step N", "committed" on stderr unless the program set up logging
         self._ctl_group = self._new_group(process_group)   # main thread: tokens, agreements, resume
         self._ckpt_group = self._new_group(process_group)  # the one thread doing DCP save/load
         self.rank_hosts = self._all_gather(records.node_name())

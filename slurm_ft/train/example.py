@@ -37,7 +37,8 @@ from slurm_ft import env
 from slurm_ft.interval import AdaptiveIntervalConfig
 from slurm_ft.slurm.parsers import expand_hostlist
 from slurm_ft.train import records, topology
-from slurm_ft.train.checkpoint import AUTO, AUTO_MIN_INTERVAL_S, CheckpointConfig, CheckpointManager
+from slurm_ft.train.checkpoint import (AUTO, AUTO_MIN_INTERVAL_S, EMERGENCY_DEADLINE_S, CheckpointConfig,
+                                      CheckpointManager)
 from slurm_ft.train.errors import StepTracker, record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
 
@@ -86,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--step-time", type=float, default=0.0, help="extra sleep per step (seconds)")
     p.add_argument("--sync", action="store_true", help="synchronous checkpoint saves")
-    p.add_argument("--emergency-deadline", type=float, default=60.0, help="seconds from SIGUSR1/SIGTERM to exit")
+    p.add_argument("--emergency-deadline", type=float, default=EMERGENCY_DEADLINE_S,
+                   help="seconds from SIGUSR1/SIGTERM to exit (default 20: within Slurm's KillWait of 30)")
     p.add_argument("--batch-per-rank", type=int, help="samples per rank and step (default: a global batch of "
                                                      f"{BATCH} split across ranks); the same work per rank at any size")
     p.add_argument("--pg-timeout", type=float, help="seconds a collective may wait for a peer (process group and "

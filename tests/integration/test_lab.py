@@ -60,7 +60,9 @@ def test_two_node_job_runs_on_two_nodes(lab):
 def test_cli_env_and_status(lab):
     env_out = _slurm_ft("lab", "env", "--dir", str(lab.dir))
     assert env_out.returncode == 0, env_out.stderr
-    assert env_out.stdout.strip() == f"export SLURM_CONF={lab.conf_path}"
+    assert env_out.stdout.splitlines() == [f"export SLURM_CONF={lab.conf_path}",
+                                           f"export SLURM_FT_CONFIG={lab.site_config}",
+                                           f"export SLURM_FT_STATE_DIR={lab.state_dir}"]
     status = _slurm_ft("lab", "status", "--dir", str(lab.dir))
     assert status.returncode == 0, status.stderr
     rows = [line.split()[0] for line in status.stdout.splitlines()[2:6]]

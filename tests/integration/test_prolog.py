@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from labutil import lab_env, output_of, submit, wait_for, wait_job
+from labutil import jobs_dir, lab_env, output_of, submit, wait_for, wait_job
 
 from slurm_ft.slurm.types import JobState
 
@@ -68,7 +68,7 @@ def test_bad_node_fails_the_prolog_is_drained_and_the_job_runs_elsewhere(lab) ->
     snapshot.write_text(XID79.read_text())
     try:
         extra = [f"--exclude={','.join(busy)}"] if busy else []
-        job = submit(lab, "echo ran-on=$SLURMD_NODENAME\n", "-N1", "--ft", *extra)
+        job = submit(lab, "echo ran-on=$SLURMD_NODENAME\n", "-N1", "--ft", f"--ft-ckpt-dir={jobs_dir(lab)}", *extra)
 
         def drained():
             # Slurm 25.11 shows its own "Prolog error" while the failed job completes, then the reason slurm-ft set.

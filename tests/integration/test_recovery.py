@@ -105,5 +105,8 @@ def test_user_error_stops_after_one_attempt_with_verdict(lab):
         assert comment.startswith("slurm-ft: stopped cause=user_code by=launch"), comment
         assert "InjectedFault" in comment
         assert lab.client().job(job_id).state.value == "FAILED"  # not requeued
+        # the monitor's final word where the user looks, though Slurm refuses to change an ended job's Comment
+        assert "slurm-ft: stopped by the monitor: cause=user_code: " in output_of(lab, job_id)
+        assert _events(ckpt)[-1]["event"] == "stopped" and _events(ckpt)[-1]["by"] == "monitor"
     finally:
         cancel(lab, job_id)

@@ -30,7 +30,6 @@ import pytest
 
 from labutil import cancel, jobs_dir, lab_env, output_of, submit, wait_for, wait_job
 
-from slurm_ft import config as ft_config
 from slurm_ft.faults import crash_node, signal_rank
 from slurm_ft.monitor import parse_resume_step
 from slurm_ft.train.records import read_heartbeats
@@ -74,7 +73,7 @@ class MonitorThread:
         from slurm_ft.monitor import Monitor, MonitorConfig
         from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
 
-        self.state = ft_config.state_dir(ft_config.load_site_config(lab.dir / "etc" / "slurm-ft" / "config.toml"))
+        self.state = lab.state_dir
         self.job_ids: set[int] = set()
         self.quarantine = Quarantine(QuarantineStore(default_db_path(self.state)), client=lab.client())
         self.monitor = Monitor(MonitorConfig(state_dir=self.state, poll_interval_s=1.0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 from labutil import jobs_dir, lab_env, output_of, submit, wait_job
@@ -31,7 +32,7 @@ def test_sbatch_help_lists_the_ft_options(lab) -> None:
 
 @pytest.mark.parametrize(("arg", "message"), [
     ("--ft-max-restarts=x", "slurm-ft: --ft-max-restarts: 'x' is not a non-negative integer"),
-    ("--ft-hang-timeout=0", "slurm-ft: --ft-hang-timeout: '0' is not a positive integer"),
+    ("--ft-hang-timeout=-5", "slurm-ft: --ft-hang-timeout: '-5' is not a non-negative integer"),
     ("--ft-ckpt-dir=relative/dir", "slurm-ft: --ft-ckpt-dir: 'relative/dir' is not an absolute path"),
     ("--ft-spare-nodes=-1", "slurm-ft: --ft-spare-nodes: '-1' is not a non-negative integer"),
     ("--ft-ckpt-every=AUTO", "slurm-ft: --ft-ckpt-every: 'AUTO' is not a positive integer or 'auto'"),
@@ -41,6 +42,28 @@ def test_bad_values_are_refused_naming_the_option(lab, arg: str, message: str) -
     done = sbatch(lab, arg, "--wrap", "true")
     assert done.returncode != 0 and message in done.stderr, done.stderr
     assert {j.job_id for j in lab.client().jobs()} == before  # nothing was queued
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--ft",), "slurm-ft: --ft needs --ft-ckpt-dir=PATH (absolute, on a file system all nodes share)"),
+    (("-N2", "--ft-ckpt-dir=/tmp/ckpt", "--ft-spare-nodes=2"),
+     "slurm-ft: --ft-spare-nodes=2 leaves none of the job's 2 node(s) to train on: ask for -N3 or more"),
+])
+def test_what_cannot_work_is_refused_at_submit(lab, args, message) -> None:
+    before = {j.job_id for j in lab.client().jobs()}
+    done = sbatch(lab, *args, "--wrap", "true")
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert {j.job_id for j in lab.client().jobs()} == before  # nothing was queued
+
+
+def test_hang_timeout_zero_turns_hang_detection_off_as_launch_says(lab) -> None:
+    job = submit(lab, "srun -N1 -n1 printenv SLURM_FT_HANG_TIMEOUT\n", "-N1", "--ft-hang-timeout=0",
+                 "--ft-ckpt-dir=/tmp/ckpt")
+    wait_job(lab, job, [JobState.COMPLETED], timeout=60)
+    assert output_of(lab, job).strip() == "0"
+    launch_help = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "launch", "--help"], capture_output=True,
+                                 text=True, check=True).stdout
+    assert "(0 off)" in " ".join(launch_help.split())
 
 
 def test_job_and_its_steps_see_the_values(lab, tmp_path) -> None:
@@ -58,7 +81,8 @@ def test_job_and_its_steps_see_the_values(lab, tmp_path) -> None:
 
 
 def test_ckpt_every_auto_reaches_the_trainer_setting(lab) -> None:
-    job = submit(lab, "srun -N1 -n1 printenv SLURM_FT_CKPT_EVERY\n", "-N1", "--ft-ckpt-every=auto")
+    job = submit(lab, "srun -N1 -n1 printenv SLURM_FT_CKPT_EVERY\n", "-N1", "--ft-ckpt-every=auto",
+                 "--ft-ckpt-dir=/tmp/ckpt")
     wait_job(lab, job, [JobState.COMPLETED], timeout=60)
     assert output_of(lab, job).strip() == "auto"
 

@@ -183,3 +183,13 @@ def test_settings_cover_what_the_prolog_needs() -> None:
     settings = slurm_conf_settings(InstallConfig())
     assert settings["Prolog"] == "/usr/local/libexec/slurm-ft/slurm-ft-prolog"
     assert settings["PlugStackConfig"] == "/etc/slurm/plugstack.conf"
+
+
+def test_the_site_default_checkpoint_dir_goes_on_the_plugstack_line(tmp_path):
+    from slurm_ft.admin import InstallConfig, plugstack_line
+    from slurm_ft.errors import ConfigError
+
+    cfg = InstallConfig(prefix=tmp_path, default_ckpt_dir=Path("/scratch/ckpt"))
+    assert plugstack_line(cfg) == f"required {tmp_path}/lib/slurm-ft/slurm_ft_spank.so default_ckpt_dir=/scratch/ckpt"
+    with pytest.raises(ConfigError, match="default_ckpt_dir: must be an absolute path"):
+        InstallConfig(prefix=tmp_path, default_ckpt_dir=Path("ckpt"))

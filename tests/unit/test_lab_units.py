@@ -173,7 +173,10 @@ def test_node_ready():
 
 def test_env_and_names(tmp_path):
     lab = LabCluster(LabConfig(dir=Path("/tmp/slurm-ft-unit-never-started"), nodes=3))
-    assert lab.env() == {"SLURM_CONF": "/tmp/slurm-ft-unit-never-started/slurm.conf"}
+    # everything slurm-ft needs points inside the lab dir: Slurm's config, slurm-ft's site config and state
+    assert lab.env() == {"SLURM_CONF": "/tmp/slurm-ft-unit-never-started/slurm.conf",
+                         "SLURM_FT_CONFIG": "/tmp/slurm-ft-unit-never-started/etc/slurm-ft/config.toml",
+                         "SLURM_FT_STATE_DIR": "/tmp/slurm-ft-unit-never-started/state"}
     assert lab.node_names == ("n1", "n2", "n3")
     assert lab.cluster_name.startswith("lab") and lab.cluster_name == LabCluster(lab.config).cluster_name
     assert not lab.is_up()

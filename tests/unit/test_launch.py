@@ -67,7 +67,7 @@ class Runner:
 
 
 def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn=None, probe=None,
-         set_comment=None, restart_cause=None, **cfg):
+         set_comment=None, restart_cause=None, requeues=0, comment="", latch=None, requeue=None, **cfg):
     clock = Clock()
     config = LaunchConfig(command=("python", "train.py"), run_dir=tmp_path / "run", poll_s=1.0,
                           hang_timeout_s=cfg.pop("hang_timeout_s", 10.0), startup_grace_s=cfg.pop("grace", 5.0),
@@ -77,7 +77,8 @@ def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn
     launcher = Launcher(config, allocation=allocation, environ={"PATH": "/bin"}, runner=runner,
                         node_states=(lambda: states[0]) if states is not None else None, classify_fn=classify_fn,
                         clock=clock, sleep=clock.sleep, port=lambda: next(ports), resume_step=7, probe=probe,
-                        set_comment=set_comment, restart_cause=restart_cause)
+                        set_comment=set_comment, restart_cause=restart_cause, requeues=requeues, comment=comment,
+                        latch=latch, requeue=requeue)
     return launcher, runner, clock
 
 
@@ -101,8 +102,9 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     argv, env = runner.calls[0]
     assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
                         "--kill-on-bad-exit=1"]
-    assert argv[6:] == [sys.executable, "-m", "slurm_ft.launch_rank", "--", "python", "train.py"]
+    assert argv[-6:] == [sys.executable, "-m", "slurm_ft.launch_rank", "--", "python", "train.py"]
     assert env["MASTER_PORT"] == "29500" and env["SLURM_FT_RUN_DIR"] == str(run)
+    assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1" and env["MASTER_ADDR"]
     assert env["SLURM_FT_RESUME_STEP"] == "7"
     assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
 
@@ -336,17 +338,30 @@ def test_srun_killed_by_a_signal_exits_like_a_shell(tmp_path):
 
 def test_requeued_past_the_budget_stops_before_running(tmp_path):
     comments = []
-    launcher, runner, _ = make(tmp_path, [], max_restarts=2, set_comment=comments.append)
-    launcher.requeues = 3
+    launcher, runner, _ = make(tmp_path, [], max_restarts=2, set_comment=comments.append, requeues=3)
     assert launcher.run() == 1
     assert runner.calls == []
-    assert comments[0].startswith("slurm-ft: stopped cause=unknown by=launch restart budget exhausted (3 requeues > 2)")
+    assert comments[0].startswith("slurm-ft: stopped cause=unknown by=launch restart budget exhausted (3 restarts > 2")
 
+
+def test_a_job_submitted_with_ft_is_registered_by_the_prolog_not_by_the_launcher(tmp_path, monkeypatch):
+    from slurm_ft.launch import _register_with_monitor
+
+    monkeypatch.setenv("SLURM_FT_STATE_DIR", str(tmp_path / "elsewhere"))  # not the lab's or site's state dir
+    monkeypatch.setenv("SLURM_FT_CONFIG", str(tmp_path / "none.toml"))
+    (tmp_path / "none.toml").write_text("")
+    config = LaunchConfig(command=("x",), run_dir=tmp_path / "run")
+    _register_with_monitor(config, {"SLURM_JOB_ID": "42", "SLURM_SPANK_FT_ENABLED": "1"})
+    assert not (tmp_path / "elsewhere").exists()
+    _register_with_monitor(config, {"SLURM_JOB_ID": "43"})  # no plugin: the launcher registers it itself
+    assert (tmp_path / "elsewhere" / "jobs" / "43.json").is_file()
+    
 
 def test_without_rank_records_the_command_runs_bare(tmp_path):
     launcher, runner, _ = make(tmp_path, [Script(tmp_path / "run")], rank_records=False)
     assert launcher.run() == 0
-    assert runner.calls[0][0][6:] == ["python", "train.py"]
+    argv = runner.calls[0][0]
+    assert argv[-2:] == ["python", "train.py"] and "slurm_ft.launch_rank" not in argv
 
 
 class KilledRank(Script):

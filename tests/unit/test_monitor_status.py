@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+
+import pytest
 
 from slurm_ft.cli import main
 from tests.unit.test_monitor import FakeClient, failed, make, register_job
@@ -37,3 +40,41 @@ def test_status_names_the_category_of_a_strike(tmp_path):
     db.record_strike(7, 0, "n3", "hardware_node", 1000.0)
     db.close()
     assert "job 7 restart 0: strike:n3 done hardware_node" in format_status(read_status(tmp_path))
+
+
+def _as_nobody_possible() -> bool:
+    import shutil
+
+    return os.geteuid() == 0 and shutil.which("runuser") is not None and os.path.exists("/usr/bin/python3")
+
+
+@pytest.mark.skipif(not _as_nobody_possible(), reason="needs root, runuser and /usr/bin/python3")
+def test_status_as_a_non_root_user_reads_a_healthy_wal_database():
+    """A user runs `slurm-ft status` on the root-owned state dir: while the monitor runs (-wal/-shm present) and
+    after it stopped (none: the reader may not create them there)."""
+    import shutil
+    import subprocess
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from slurm_ft.monitor import JobStatus, MonitorDb
+
+    state = Path(tempfile.mkdtemp(prefix="slurm-ft-status-", dir="/tmp"))  # pytest's tmp_path is root-only
+    state.chmod(0o755)
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; from slurm_ft.status import read_status\n"
+            "print(sorted(j['job_id'] for j in read_status(sys.argv[1])['jobs']))")
+
+    def status_as_nobody() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["runuser", "-u", "nobody", "--", "env", f"PYTHONPATH={repo}", "/usr/bin/python3",
+                               "-c", code, str(state)], capture_output=True, text=True, timeout=60, check=False)
+
+    db = MonitorDb(state / "monitor.db")
+    db.set_job(5, restart_count=0, status=JobStatus.WATCHING, now=time.time())
+    running = status_as_nobody()
+    db.close()  # the monitor stops: its -wal and -shm go
+    stopped = status_as_nobody()
+    shutil.rmtree(state)
+    assert running.returncode == 0 and running.stdout.strip() == "[5]", running.stderr
+    assert stopped.returncode == 0 and stopped.stdout.strip() == "[5]", stopped.stderr

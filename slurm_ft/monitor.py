@@ -72,7 +72,7 @@ MAX_JSON_BYTES = 1 << 20
 MAX_COMMENT = 400
 
 
-_REQUEUED = frozenset({JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD})
+_REQUEUED = frozenset({JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.EXPEDITING})
 
 
 class JobStatus(str, enum.Enum):

@@ -47,7 +47,7 @@ from slurm_ft.slurm.types import JobState
 SCHEMA = "slurm-ft.bench-lab/1"
 PHASES = ("throughput", "faults", "ettr")
 FAULTS = ("kill-rank", "hang", "node-death")
-QUEUED = {JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD}
+QUEUED = {JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.EXPEDITING}
 FINAL = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 SETTLE_S = 3.0  # a job must stay ended this long (the monitor may still requeue it) before it counts as done
 TARGETS = {"crash_recovery_speedup": 5.0, "hang_detection_slack_s": 5.0, "ettr": 0.95}

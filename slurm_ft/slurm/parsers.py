@@ -130,13 +130,23 @@ def _output_path(job: Mapping[str, Any], key: str, job_id: int, work_dir: str) -
     return text
 
 
+# Slurm's job_state_string (src/common/slurm_protocol_defs.c): the first flag set names the state.
+STATE_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "EXPEDITING", "RESIZING", "REQUEUED", "REQUEUE_FED",
+                    "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
 def _has_ended(state: JobState) -> bool:
     return state.finished or state is JobState.COMPLETING
 
 
 def _first_state(value: Any) -> str:
+    """One word for a job's state: v0.0.38's string as is; v0.0.42's list (base state and flags) read the way
+    Slurm's own ``job_state_string`` reads it, a flag before the base state. A job that ended but is still
+    ``COMPLETING`` (its epilog running) is thus COMPLETING on every backend (pyslurm gives that word), and is
+    judged only once the epilog has written its evidence."""
     if isinstance(value, list):
-        return str(value[0]) if value else ""
+        words = [str(v).strip().upper() for v in value if v]
+        return next((flag for flag in STATE_FLAG_ORDER if flag in words), words[0] if words else "")
     return str(value or "")
 
 

@@ -33,6 +33,8 @@ class JobState(str, enum.Enum):
     CONFIGURING = "CONFIGURING"
     SIGNALING = "SIGNALING"
     STAGE_OUT = "STAGE_OUT"
+    EXPEDITING = "EXPEDITING"  # 25.11: requeued ahead of the queue (expedited requeue)
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
     UNKNOWN = "UNKNOWN"
 
     @classmethod
@@ -50,7 +52,7 @@ class JobState(str, enum.Enum):
 _ACTIVE = frozenset(
     {JobState.PENDING, JobState.RUNNING, JobState.SUSPENDED, JobState.COMPLETING, JobState.CONFIGURING,
      JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.REQUEUE_FED, JobState.RESIZING, JobState.SIGNALING,
-     JobState.STAGE_OUT, JobState.STOPPED, JobState.SPECIAL_EXIT}
+     JobState.STAGE_OUT, JobState.STOPPED, JobState.SPECIAL_EXIT, JobState.EXPEDITING, JobState.RESV_DEL_HOLD}
 )
 
 

@@ -97,7 +97,8 @@ def test_user_error_stops_after_one_attempt_with_verdict(lab):
         assert done.returncode == 0, done.stderr
         events = [json.loads(line.split(": ", 1)[1]) for line in done.stderr.splitlines() if "slurm_ft.monitor" in line]
         failed = [e for e in events if e.get("event") == "job_failed" and e.get("job_id") == job_id]
-        assert len(failed) == 1 and failed[0]["verdict"]["category"] == "user_code" and not failed[0]["requeue"]
+        assert len(failed) == 1, done.stderr[-4000:]
+        assert failed[0]["verdict"]["category"] == "user_code" and not failed[0]["requeue"]
         acts = [a for a in read_status(state)["actions"] if a["job_id"] == job_id]
         assert [(a["action"], a["state"]) for a in acts] == [("stop", "done")]  # the monitor's verdict, once
         # the launcher wrote the verdict while the job ran (Slurm 22.05 refuses Comment updates once it ended)

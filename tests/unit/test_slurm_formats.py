@@ -35,6 +35,25 @@ def test_recorded_squeue_25_11_every_state_slurm_ft_acts_on():
     assert {j.user_id for j in jobs.values()} == {0}
 
 
+def test_a_job_whose_epilog_still_runs_is_completing_as_pyslurm_says_not_yet_failed():
+    """Recorded on the real 25.11 lab: ``["FAILED", "COMPLETING"]`` while the epilog runs. pyslurm (Slurm's
+    job_state_string) says COMPLETING; reading the base state made the CLI monitor judge the job before the epilog
+    wrote its evidence, and the two backends disagree for that moment (a lab test failed on it in CI)."""
+    (job,) = json_v0042.parse_squeue((DATA / "squeue-25.11-v0.0.42-completing.json").read_text(), "25.11.7")
+    assert job.state is JobState.COMPLETING and not job.state.finished
+    assert (job.exit_code, job.exit_signal) == (1, None)
+
+
+@pytest.mark.parametrize("states, word", [
+    (["FAILED"], "FAILED"), (["PENDING", "REQUEUED"], "REQUEUED"), (["PENDING", "EXPEDITING"], "EXPEDITING"),
+    (["RUNNING", "CONFIGURING"], "CONFIGURING"), (["PENDING", "RESV_DEL_HOLD"], "RESV_DEL_HOLD"),
+])
+def test_state_flags_are_read_as_slurms_job_state_string_reads_them(states, word):
+    record = {"job_id": 7, "job_state": states}
+    job = parsers.parse_job_record(record)
+    assert job.state.value == word and not (job.state.finished and word != "FAILED")
+
+
 def test_recorded_sinfo_25_11_one_record_per_node_with_its_own_reason():
     nodes = {n.name: n for n in json_v0042.parse_sinfo(SINFO_25_11, "25.11.7")}
     assert sorted(nodes) == ["n1", "n2", "n3"]

@@ -77,7 +77,7 @@ def test_squeue_later_shapes_are_tolerated():
                                  "state_reason": "BeginTime", "restart_cnt": {"set": True, "number": 1},
                                  "user_id": 5}]})
     (job,) = parsers.parse_squeue_json(text)
-    assert job.job_id == 7 and job.state is JobState.PENDING and job.restart_count == 1
+    assert job.job_id == 7 and job.state is JobState.REQUEUED and job.restart_count == 1  # the flag, as Slurm reads it
 
 
 def test_unknown_state_maps_to_unknown():

@@ -73,7 +73,8 @@ def test_torchrun_under_the_launcher_as_users_write_it(lab):
 
 def test_spare_nodes_leaving_no_node_to_train_on_stop_at_once_as_config(lab):
     ckpt = _fresh(lab, "ck-spares-")
-    job = submit(lab, f"{LAUNCH} -- {sys.executable} {TRAINER}\n", "-N2", f"--ft-ckpt-dir={ckpt}",
+    # -N2 in the script: sbatch's plugin sees only the command line (a -N2 there is refused at submit, test_spank)
+    job = submit(lab, f"#!/bin/bash\n#SBATCH -N2\n{LAUNCH} -- {sys.executable} {TRAINER}\n", f"--ft-ckpt-dir={ckpt}",
                  "--ft-spare-nodes=2", "-J", "spares")
     try:
         info = wait_job(lab, job, TERMINAL, timeout=120)

@@ -181,6 +181,23 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def load_local_state(path: Path) -> Any:
+    """A rank's local state file, unpickled with ``weights_only``: tensors, plain containers and the NumPy RNG
+    state's arrays only. Anyone who can write a shared checkpoint dir could otherwise run code in every rank that
+    resumes from it (``weights_only=False`` runs any pickled callable)."""
+    with torch.serialization.safe_globals(_numpy_rng_globals()):
+        return torch.load(path, weights_only=True)
+
+
+def _numpy_rng_globals() -> list[Any]:
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def _set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
@@ -641,7 +658,7 @@ class CheckpointManager:
         same_world = manifest.world_size == self.world_size
         local_file = path / LOCAL_STATE.format(rank=self.rank if same_world else 0)
         try:
-            local = torch.load(local_file, weights_only=False)
+            local = load_local_state(local_file)
         except Exception as exc:  # verified above, so this is a torn or foreign file written by someone else
             raise CheckpointError(f"{local_file}: unreadable local state ({type(exc).__name__}: {exc})") from exc
         if local["step"] != step:

@@ -14,6 +14,7 @@ uninterruptible sleep, holding the GIL in native code) does not. The launcher te
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import IO
 from slurm_ft.train import records
 
 DEFAULT_LIVENESS_S = 2.0
+log = logging.getLogger(__name__)
 
 
 class HeartbeatWriter:
@@ -41,6 +43,7 @@ class HeartbeatWriter:
         self.liveness_s = liveness_s
         self._host, self._pid = records.node_name(), os.getpid()
         self._last = float("-inf")
+        self._write_failed = False
         self._lock = threading.Lock()
         self._progress: tuple[int, float] | None = None
         self._stop = threading.Event()
@@ -55,7 +58,15 @@ class HeartbeatWriter:
             self._progress = (step, now)
         if not force and now - self._last < self.interval_s:
             return False
-        self._write(now)
+        try:
+            self._write(now)
+        except OSError as exc:  # a read-only or full run dir must not end training: said once, tried again later
+            if not self._write_failed:
+                log.warning("slurm-ft: rank %d cannot write its heartbeat in %s (%s); training goes on, the "
+                            "launcher sees this rank's last beat", self.rank, self.run_dir, exc)
+            self._write_failed = True
+            return False
+        self._write_failed = False
         self._last = now
         self._start_liveness()
         return True

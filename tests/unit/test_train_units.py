@@ -6,6 +6,7 @@ import faulthandler
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,19 @@ def test_heartbeat_writes_record_and_respects_interval(tmp_path):
         HeartbeatWriter(tmp_path, -1)
 
 
+def test_a_heartbeat_that_cannot_be_written_does_not_end_training(tmp_path, caplog):
+    """A run dir gone read-only or full (here: a file in its place) is said once; training goes on."""
+    blocked = tmp_path / "run"
+    blocked.write_text("not a directory")
+    writer = HeartbeatWriter(blocked, 0, liveness_s=0, stacks=False)
+    assert writer.beat(1) is False and writer.beat(2) is False
+    assert [r.message for r in caplog.records].count(next(iter(m.message for m in caplog.records))) == 1
+    assert "cannot write its heartbeat" in caplog.text and "training goes on" in caplog.text
+    blocked.unlink()
+    blocked.mkdir()
+    assert writer.beat(3) is True and records.read_heartbeats(blocked)[0].step == 3
+
+
 def test_record_errors_writes_error_file_and_reraises(tmp_path):
     with pytest.raises(ZeroDivisionError):
         with record_errors(tmp_path, 1, clock=lambda: 5.0) as tracker:
@@ -216,3 +230,26 @@ def test_end_records_of_the_wrong_shape_are_no_evidence(tmp_path):
     assert [e.rank for e in records.read_ends(tmp_path)] == [1]
     (tmp_path / "hang.rank5.json").write_text(json.dumps({"rank": 5, "state": 7}))
     assert records.read_rank_states(tmp_path) == []
+
+
+class _RunsCode:
+    """A pickled callable: what a writer of a shared checkpoint dir could plant in a rank's local state."""
+
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/slurm-ft-pwned-by-local-state",))
+
+
+def test_local_state_is_loaded_without_running_pickled_code(tmp_path):
+    import torch
+
+    from slurm_ft.train.checkpoint import _rng_state, load_local_state
+
+    good = tmp_path / "local.rank0.pt"
+    torch.save({"step": 4, "rng": _rng_state(), "extra": {"loader": {"epoch": 1, "order": torch.arange(3)}}}, good)
+    assert load_local_state(good)["step"] == 4  # tensors, containers and NumPy's RNG arrays load
+    planted = tmp_path / "planted.pt"
+    torch.save({"step": _RunsCode()}, planted)
+    Path("/tmp/slurm-ft-pwned-by-local-state").unlink(missing_ok=True)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        load_local_state(planted)
+    assert not Path("/tmp/slurm-ft-pwned-by-local-state").exists()

@@ -82,6 +82,7 @@ class JobStatus(str, enum.Enum):
     REQUEUED = "requeued"  # requeued by us; waiting for it to run again
     STOPPED = "stopped"  # ended for good, with the reason in its Comment
     DONE = "done"  # completed successfully
+    GONE = "gone"  # ended while the monitor was not watching, and Slurm no longer lists it: judged, not requeued
 
 
 class ActionState(str, enum.Enum):
@@ -143,6 +144,36 @@ def read_trusted_json(path: Path, allowed_uids: Iterable[int]) -> Any:
         os.close(fd)
 
 
+def registered_but_unlisted(state_dir: Path, listed: set[int], closed: set[int]) -> list[int]:
+    """Job ids with a registry entry that Slurm did not list and the monitor has not closed (names only: no
+    file is read for a job the monitor is done with)."""
+    try:
+        names = os.listdir(Path(state_dir) / "jobs")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    ids = {int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit()}
+    return sorted(ids - listed - closed)
+
+
+def read_registration_file(state_dir: Path, job_id: int) -> FtJob:
+    """The registry entry of a job Slurm no longer lists: trusted when root (the prolog) or its owner (the
+    launcher, as the job's user) wrote it, the owner then being the job's uid."""
+    path = registry_path(state_dir, job_id)
+    owner = os.lstat(path).st_uid
+    data = read_trusted_json(path, {0, os.geteuid(), owner})
+    if not isinstance(data, dict):
+        raise ValueError(f"registry entry of job {job_id} is not a JSON object")
+    uid = data.get("user_id")
+    if owner not in (0, os.geteuid()) and uid not in (None, owner):
+        raise ValueError(f"registry entry of job {job_id} names uid {uid}, its file is owned by uid {owner}")
+    stand_in = JobInfo(job_id=job_id, user_id=owner if owner not in (0, os.geteuid()) else uid,
+                       state=JobState.UNKNOWN)
+    found = read_registration(state_dir, stand_in)
+    if found is None:
+        raise ValueError(f"registry entry of job {job_id} vanished")
+    return found
+
+
 def read_registration(state_dir: Path, job: JobInfo) -> FtJob | None:
     """The registry entry for ``job``, a bare entry when only its Comment marks it ours, else None."""
     trusted = {0, os.geteuid()} | ({job.user_id} if job.user_id is not None else set())
@@ -196,6 +227,11 @@ class MonitorDb:
             " requeued_at=COALESCE(excluded.requeued_at, requeued_at), updated=excluded.updated",
             (job_id, restart_count, last_resume_step, status.value, requeued_at, now,
              None if nodes is None else json.dumps(list(nodes))))
+
+    def closed_ids(self) -> set[int]:
+        """Jobs the monitor is done with (stopped, done, gone)."""
+        closed = (JobStatus.STOPPED.value, JobStatus.DONE.value, JobStatus.GONE.value)
+        return {r[0] for r in self.conn.execute("SELECT job_id FROM jobs WHERE status IN (?,?,?)", closed)}
 
     def action(self, job_id: int, restart_count: int, action: str) -> sqlite3.Row | None:
         return self.conn.execute("SELECT * FROM actions WHERE job_id=? AND restart_count=? AND action=?",
@@ -432,6 +468,14 @@ class Monitor:
                 acted += self._handle(job, nodes)
             except Exception as exc:  # a daemon survives one bad job: log it, go on
                 self._event("job_error", job_id=job.job_id, error=f"{type(exc).__name__}: {exc}")
+        for job_id in registered_but_unlisted(self.config.state_dir, {j.job_id for j in jobs}, self.db.closed_ids()):
+            try:
+                acted += self._gone(job_id, nodes)
+            except sqlite3.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one bad registry entry is logged once, never again
+                self._event("job_error", job_id=job_id, error=f"{type(exc).__name__}: {exc}")
+                self.db.set_job(job_id, restart_count=0, status=JobStatus.GONE, now=self.clock())
         if self.quarantine is not None:
             try:
                 self.metrics.set_quarantined(sum(1 for r in self.quarantine.list()
@@ -486,6 +530,35 @@ class Monitor:
             self._event("job_completed", job_id=job.job_id, restart_count=job.restart_count)
             return 0
         return self._judge(job, ft, nodes, row)
+
+    def _gone(self, job_id: int, nodes: dict[str, NodeInfo]) -> int:
+        """A registered job Slurm no longer lists, which the monitor never closed: it ended while the monitor was
+        down (and Slurm purged it after MinJobAge). It can no longer be requeued; it is judged on what is left
+        (the epilog's node reports, the ranks' error files), the verdict goes where the user looks, and a failure
+        is counted. Completed per the epilog's report (exit 0), it is done."""
+        row = self.db.job(job_id)
+        ft = read_registration_file(self.config.state_dir, job_id)
+        job = JobInfo(job_id=job_id, user_id=ft.user_id, state=JobState.UNKNOWN,
+                      nodes=tuple(json.loads(row["nodes"] or "[]")) if row is not None else (),
+                      restart_count=row["restart_count"] if row is not None else 0)
+        reports, _ = load_reports(self.config.state_dir, job_id)
+        if reports and all(r.exit_code == 0 and not r.exit_signal for r in reports):
+            self._set(job, JobStatus.DONE)
+            self._event("job_completed", job_id=job_id, restart_count=job.restart_count, seen="after it was purged")
+            return 0
+        verdict = self.classify_fn(gather_evidence(self.config.state_dir, job, ft, nodes))
+        self.metrics.failure(verdict.category.value)
+        resume_step = latest_step(ft.ckpt_dir, ft.user_id)
+        reason = (f"ended while the monitor was not watching and Slurm no longer lists it: not requeued; resubmit "
+                  f"to resume from step {resume_step if resume_step is not None else 'none (no committed step)'}")
+        self._event("job_gone", job_id=job_id, verdict=verdict.to_dict(), reason=reason, resume_step=resume_step,
+                    dry_run=self.config.dry_run)
+        if self.config.dry_run:
+            return 1
+        decision = Decision(requeue=False, category=verdict.category.value, reason=reason, resume_step=resume_step)
+        self._tell_user(job, decision, stop_comment(decision.category, reason, verdict.evidence[:3]))
+        self._set(job, JobStatus.GONE)
+        return 1
 
     def _acted(self, job: JobInfo) -> bool:
         """Whether this run of the job (its restart count) was already requeued or stopped by us."""

@@ -637,3 +637,48 @@ def test_one_monitor_per_state_dir(tmp_path):
         single_instance(tmp_path)
     held.close()
     single_instance(tmp_path).close()
+
+
+def _monitor_telling(state, client, told, fn=lambda ev: verdict(Category.USER_CODE, False, Action.STOP, nodes=())):
+    return Monitor(MonitorConfig(state_dir=state, poll_interval_s=1), client, fn, clock=lambda: 1000.0,
+                   tell_user=lambda **kw: told.append(kw) or "")
+
+
+def test_a_job_that_ended_and_was_purged_while_the_monitor_was_down_is_still_judged(state, tmp_path):
+    """Registered, then gone from Slurm's listing (MinJobAge passed while no monitor ran): judged from what is
+    left, the verdict told to the user, once; not requeued (Slurm no longer has it)."""
+    ckpt = register_job(state, tmp_path, job_id=7)
+    commit_step(ckpt, 40)
+    client, told = FakeClient([]), []
+    monitor = _monitor_telling(state, client, told)
+    assert monitor.poll_once() == 1
+    assert told[0]["uid"] == UID and told[0]["run_dir"] == str(run_dir_for(ckpt))
+    assert told[0]["record"]["category"] == "user_code"
+    assert "resubmit to resume from step 40" in told[0]["record"]["reason"]
+    assert monitor.db.job(7)["status"] == "gone"
+    assert monitor.poll_once() == 0 and len(told) == 1  # judged once
+    assert client.count("requeue") == 0 and client.count("update") == 0
+
+
+def test_a_purged_job_whose_epilog_saw_exit_0_is_done_not_a_failure(state, tmp_path):
+    from slurm_ft.health.records import NodeReport
+
+    register_job(state, tmp_path, job_id=8)
+    folder = state / "reports" / "8"
+    folder.mkdir(parents=True)
+    (folder / "n1.json").write_text(json.dumps(NodeReport(job_id=8, node="n1", time=1.0, exit_code=0).to_dict()))
+    told = []
+    monitor = _monitor_telling(state, FakeClient([]), told, fn=lambda ev: pytest.fail("judged a completed job"))
+    assert monitor.poll_once() == 0
+    assert monitor.db.job(8)["status"] == "done" and told == []
+
+
+def test_a_listed_job_is_not_judged_as_gone_and_a_bad_registry_entry_is_logged_once(state, tmp_path, caplog):
+    register_job(state, tmp_path, job_id=9)
+    (state / "jobs" / "10.json").write_text("[1, 2]")  # not an object
+    told = []
+    monitor = _monitor_telling(state, FakeClient([failed(job_id=9, state=JobState.RUNNING)]), told)
+    monitor.poll_once()
+    monitor.poll_once()
+    assert told == [] and monitor.db.job(9)["status"] == "watching"
+    assert caplog.text.count('"job_error"') == 1 and "registry entry of job 10" in caplog.text

@@ -202,7 +202,9 @@ def _file_logger(settings: Settings) -> Callable[[str], None]:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-            with os.fdopen(fd, "a") as fh:
+            # a job's path may hold bytes that are no UTF-8 (os.environ keeps them as surrogates): escaped, so
+            # the line is written and the hook goes on to act on the node's own evidence
+            with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace") as fh:
                 fh.write(f"{stamp} {line}\n")
         except OSError as exc:
             print(f"slurm-ft: cannot write {path}: {exc}", file=sys.stderr)

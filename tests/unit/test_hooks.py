@@ -319,3 +319,24 @@ def test_a_checkpoint_path_with_a_comma_or_newline_still_stops_the_job_in_one_co
     assert lab.run("prolog", job_env(SPANK_FT_CKPT_DIR=str(tmp_path / "a,b\nc"))) == 0
     (update, cancel) = lab.slurm.calls
     assert update[0] == "update_job" and "," not in update[2] and "\n" not in update[2] and cancel == ("cancel", 7)
+
+
+def test_a_checkpoint_dir_that_is_no_utf8_does_not_stop_the_epilog_from_quarantining(lab: Env, tmp_path: Path) -> None:
+    """os.environ keeps a non-UTF-8 path as surrogates; the hooks' log file wrote it strictly and raised."""
+    from dataclasses import replace
+
+    from slurm_ft.config import load_site_config
+    from slurm_ft.hooks import Settings, _file_logger
+
+    settings = Settings.load(load_site_config(str(lab.config)))
+    real_log = _file_logger(settings)
+    lab.deps = lambda base=lab.deps: replace(base(), log=real_log)
+    assert lab.run("prolog", job_env()) == 0
+    started = json.loads((lab.state / "prolog" / "7" / "n1.json").read_text())["time"]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started + 5))
+    lab.kmsg = f"{stamp} NVRM: Xid (PCI:0000:2a:00): 79, pid=1, GPU has fallen off the bus.\n"
+    bad = os.fsdecode(bytes(tmp_path) + b"/ck\xff\xfe")
+    assert lab.run("epilog", job_env(SPANK_FT_CKPT_DIR=bad)) == 0
+    assert lab.quarantine().state("n1") is NodeState.QUARANTINED
+    logged = (lab.state / "log" / "hooks.log").read_text()
+    assert "internal error" not in logged and "Xid 79" in logged

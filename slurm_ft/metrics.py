@@ -1,7 +1,8 @@
 """A tiny Prometheus text exposition for the monitor (no client library needed).
 
 Counters ``slurm_ft_failures_total{category}``, ``slurm_ft_restarts_total``, ``slurm_ft_stops_total``, gauge
-``slurm_ft_quarantined_nodes`` and a summary ``slurm_ft_recovery_seconds`` (sum and count). Served on
+``slurm_ft_quarantined_nodes``, ``slurm_ft_quarantine_store_ok`` (0 when the store cannot be read: quarantine
+decisions are off until it is repaired) and a summary ``slurm_ft_recovery_seconds`` (sum and count). Served on
 127.0.0.1 only, by ``http.server`` in a daemon thread.
 """
 
@@ -22,6 +23,7 @@ class Metrics:
         self.restarts = 0
         self.stops = 0
         self.quarantined_nodes = 0
+        self.quarantine_store_ok = 1
         self.recovery_sum = 0.0
         self.recovery_count = 0
 
@@ -41,6 +43,10 @@ class Metrics:
         with self._lock:
             self.quarantined_nodes = int(count)
 
+    def set_store_ok(self, ok: bool) -> None:
+        with self._lock:
+            self.quarantine_store_ok = int(bool(ok))
+
     def recovery(self, seconds: float) -> None:
         with self._lock:
             self.recovery_sum += max(0.0, float(seconds))
@@ -59,6 +65,9 @@ class Metrics:
                       f"# HELP {PREFIX}quarantined_nodes Nodes in quarantine.",
                       f"# TYPE {PREFIX}quarantined_nodes gauge",
                       f"{PREFIX}quarantined_nodes {self.quarantined_nodes}",
+                      f"# HELP {PREFIX}quarantine_store_ok 0 when the quarantine store cannot be read (see the log).",
+                      f"# TYPE {PREFIX}quarantine_store_ok gauge",
+                      f"{PREFIX}quarantine_store_ok {self.quarantine_store_ok}",
                       f"# HELP {PREFIX}recovery_seconds From job end seen to the job running again.",
                       f"# TYPE {PREFIX}recovery_seconds summary",
                       f"{PREFIX}recovery_seconds_sum {self.recovery_sum:.3f}",

@@ -480,7 +480,9 @@ class Monitor:
             try:
                 self.metrics.set_quarantined(sum(1 for r in self.quarantine.list()
                                                  if str(getattr(r, "state", "")).endswith("quarantined")))
+                self.metrics.set_store_ok(True)
             except Exception as exc:
+                self.metrics.set_store_ok(type(exc).__name__ != "StoreCorrupt")
                 self._event("quarantine_error", error=f"{type(exc).__name__}: {exc}")
         return acted
 

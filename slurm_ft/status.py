@@ -28,7 +28,28 @@ def read_status(state_dir: Path, *, actions: int = 20) -> dict[str, Any]:
         jobs, acts = _read(path, actions, immutable=True)
     for act in acts:
         act["detail"] = json.loads(act["detail"])
-    return {"jobs": jobs, "actions": acts}
+    return {"jobs": jobs, "actions": acts, "quarantine_store": quarantine_store_problem(Path(state_dir))}
+
+
+def quarantine_store_problem(state_dir: Path) -> str:
+    """"" when the quarantine store beside the monitor's state reads (or does not exist yet), else the problem
+    and how to repair it (``StoreCorrupt``'s message)."""
+    from slurm_ft.quarantine import StoreCorrupt, default_db_path
+
+    path = default_db_path(state_dir)
+    if not path.exists():
+        return ""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=5.0)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.OperationalError:
+        return ""  # not readable by this user: not a corrupt store
+    except sqlite3.DatabaseError as exc:
+        return str(StoreCorrupt(path, exc))
+    return ""
 
 
 def _read(path: Path, actions: int, *, immutable: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -48,7 +69,8 @@ def _read(path: Path, actions: int, *, immutable: bool) -> tuple[list[dict[str, 
 
 
 def format_status(status: dict[str, Any]) -> str:
-    lines = [f"{'JOB':>8}  {'STATUS':<9} {'RESTARTS':>8}  {'RESUME_STEP':>11}"]
+    lines = [f"ERROR: {status['quarantine_store']}", ""] if status.get("quarantine_store") else []
+    lines.append(f"{'JOB':>8}  {'STATUS':<9} {'RESTARTS':>8}  {'RESUME_STEP':>11}")
     for job in status["jobs"]:
         step = "-" if job["last_resume_step"] is None else str(job["last_resume_step"])
         lines.append(f"{job['job_id']:>8}  {job['status']:<9} {job['restart_count']:>8}  {step:>11}")

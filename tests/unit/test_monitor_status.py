@@ -8,6 +8,7 @@ import os
 import pytest
 
 from slurm_ft.cli import main
+from slurm_ft.slurm.types import JobState
 from tests.unit.test_monitor import FakeClient, failed, make, register_job
 
 
@@ -40,6 +41,23 @@ def test_status_names_the_category_of_a_strike(tmp_path):
     db.record_strike(7, 0, "n3", "hardware_node", 1000.0)
     db.close()
     assert "job 7 restart 0: strike:n3 done hardware_node" in format_status(read_status(tmp_path))
+
+
+def test_a_corrupt_quarantine_store_is_loud_in_status_and_in_the_metrics(tmp_path, capsys):
+    """Issue 16: the gate keeps the node's own checks, but the broken store must be seen, with its repair."""
+    from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+
+    state = tmp_path / "state"
+    register_job(state, tmp_path)
+    default_db_path(state).write_bytes(os.urandom(4096))
+    mon = make(state, FakeClient([failed(state=JobState.RUNNING)]),
+               quarantine=Quarantine(QuarantineStore(default_db_path(state)), client=FakeClient([])))
+    mon.poll_once()
+    assert "slurm_ft_quarantine_store_ok 0" in mon.metrics.render()
+    mon.close()
+    assert main(["status", "--state-dir", str(state)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ERROR: quarantine store") and f"Repair: mv {default_db_path(state)}" in out
 
 
 def _as_nobody_possible() -> bool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -85,3 +87,20 @@ def output_of(lab: LabCluster, job_id: int) -> str:
         return (jobs_dir(lab) / f"slurm-{job_id}.out").read_text()
     except FileNotFoundError:
         return ""
+
+
+def result_line(text: str) -> dict:
+    """The example trainer's last JSON result line (``param_sha256``, ``step`` ...) in a job's output."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("{") and "param_sha256" in line:
+            return json.loads(line)
+    raise AssertionError(f"no result line in:\n{text[-3000:]}")
+
+
+def torchrun_reference_sha(ckpt: Path, trainer_args: list[str]) -> str:
+    """The parameters after an uninterrupted 2-rank run of the example trainer under torchrun, outside Slurm."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           "-m", "slurm_ft.train.example", *trainer_args, "--ckpt-dir", str(ckpt)],
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return result_line(done.stdout)["param_sha256"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from labutil import cancel, jobs_dir, lab_env, output_of, submit, wait_for, wait_job
+from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, torchrun_reference_sha,
+                      wait_for, wait_job)
 
 from slurm_ft.monitor import latest_step, parse_resume_step
 from slurm_ft.slurm.types import JobState
@@ -24,21 +25,11 @@ STEPS, SEED = 30, 3
 TRAINER = [sys.executable, "-m", "slurm_ft.train.example", "--steps", str(STEPS), "--seed", str(SEED), "--sync"]
 
 
-def _result(text: str) -> dict:
-    for line in reversed(text.splitlines()):
-        if line.startswith("{") and "param_sha256" in line:
-            return json.loads(line)
-    raise AssertionError(f"no result line in:\n{text[-3000:]}")
 
 
 @pytest.fixture(scope="module")
 def reference_sha(tmp_path_factory) -> str:
-    ckpt = tmp_path_factory.mktemp("reference")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           *TRAINER[1:], "--ckpt-dir", str(ckpt), "--ckpt-every", "1000"],
-                          capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _result(done.stdout)["param_sha256"]
+    return torchrun_reference_sha(tmp_path_factory.mktemp("reference"), [*TRAINER[3:], "--ckpt-every", "1000"])
 
 
 def test_sigusr1_saves_requeues_with_the_exact_step_and_resumes_bitwise(lab, reference_sha):
@@ -61,7 +52,7 @@ def test_sigusr1_saves_requeues_with_the_exact_step_and_resumes_bitwise(lab, ref
         # --ft-max-restarts=0: a preemption uses no restart, so the job runs again
         done = wait_job(lab, job, [JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED], timeout=180)
         assert done.state is JobState.COMPLETED, output_of(lab, job)[-3000:]
-        result = _result(output_of(lab, job))
+        result = result_line(output_of(lab, job))
         assert result["resumed_from"] == saved and result["step"] == STEPS
         assert result["param_sha256"] == reference_sha
         events = [json.loads(line) for line in (ckpt / ".slurm-ft" / "events.jsonl").read_text().splitlines()]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from labutil import cancel, jobs_dir, lab_env, output_of, submit, wait_job
+from labutil import cancel, jobs_dir, lab_env, output_of, result_line, submit, wait_job
 
 from slurm_ft.status import read_status
 
@@ -48,11 +48,6 @@ def _fresh(lab, prefix: str) -> Path:
     return path
 
 
-def _result(text: str) -> dict:
-    for line in reversed(text.splitlines()):
-        if line.startswith("{") and "param_sha256" in line:
-            return json.loads(line)
-    raise AssertionError(f"no result line in job output:\n{text[-3000:]}")
 
 
 def _events(ckpt: Path) -> list[dict]:
@@ -70,7 +65,7 @@ def test_rank_crash_recovers_in_place_bitwise(lab):
         b = wait_job(lab, clean, TERMINAL, timeout=180)
         assert a.state.value == "COMPLETED", output_of(lab, crashed)[-3000:]
         assert b.state.value == "COMPLETED", output_of(lab, clean)[-3000:]
-        got, want = _result(output_of(lab, crashed)), _result(output_of(lab, clean))
+        got, want = result_line(output_of(lab, crashed)), result_line(output_of(lab, clean))
         assert got["step"] == want["step"] == STEPS
         assert got["param_sha256"] == want["param_sha256"]
         kinds = [e["event"] for e in _events(crash_ckpt)]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from labutil import cancel, jobs_dir, lab_env, output_of, submit, wait_for, wait_job
+from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, torchrun_reference_sha,
+                      wait_for, wait_job)
 
 from slurm_ft.faults import crash_node, signal_rank
 from slurm_ft.monitor import parse_resume_step
@@ -44,12 +44,7 @@ TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 @pytest.fixture(scope="module")
 def reference_sha(tmp_path_factory) -> str:
     """The uninterrupted run's parameters (2 ranks, same seed and steps), under torchrun outside Slurm."""
-    ckpt = tmp_path_factory.mktemp("reference")
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           *TRAINER[1:], "--ckpt-dir", str(ckpt), "--ckpt-every", str(EVERY)],
-                          capture_output=True, text=True, timeout=240, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return _result(done.stdout)["param_sha256"]
+    return torchrun_reference_sha(tmp_path_factory.mktemp("reference"), [*TRAINER[3:], "--ckpt-every", str(EVERY)])
 
 
 class OnlyJobs:
@@ -99,11 +94,6 @@ def _fresh_dir(lab, prefix: str) -> Path:
     return path
 
 
-def _result(text: str) -> dict:
-    for line in reversed(text.splitlines()):
-        if line.startswith("{") and "param_sha256" in line:
-            return json.loads(line)
-    raise AssertionError(f"no result line in:\n{text[-3000:]}")
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -154,7 +144,7 @@ def _completed_elsewhere(lab, job_id: int, victim: str, resume_step: int, refere
     done = wait_job(lab, job_id, TERMINAL, timeout=240)
     assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
     assert victim not in done.nodes and done.restart_count == 1
-    result = _result(output_of(lab, job_id))
+    result = result_line(output_of(lab, job_id))
     assert result["resumed_from"] == resume_step and result["param_sha256"] == reference_sha
 
 
@@ -176,7 +166,7 @@ def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha
             done = wait_job(lab, job_id, TERMINAL, timeout=240)
             assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
             assert done.restart_count == 0  # recovered inside the allocation, never requeued
-            assert _result(output_of(lab, job_id))["param_sha256"] == reference_sha
+            assert result_line(output_of(lab, job_id))["param_sha256"] == reference_sha
 
             events = _events(run_dir)
             starts = [e for e in events if e["event"] == "attempt_start"]

@@ -69,7 +69,8 @@ AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training t
 
 
 class CheckpointError(SlurmFtError):
-    """Checkpoints exist but none can be loaded (the message names the bad files)."""
+    """Checkpoints exist but none can be loaded (the message names the bad files), or the run's last save
+    failed (the message names the step and the error)."""
 
 
 def _auto_interval_defaults() -> AdaptiveIntervalConfig:
@@ -444,7 +445,8 @@ class CheckpointManager:
         return True
 
     def close(self) -> None:
-        """Wait for the in-flight save, restore signal handlers, release the manager's groups."""
+        """Wait for the in-flight save, restore signal handlers, release the manager's groups. Then raise
+        CheckpointError when the run's last save failed: a run must not end as if its final state were saved."""
         self.wait()
         self._disarm_watchdog()
         for sig, old in self._signals.items():
@@ -455,6 +457,16 @@ class CheckpointManager:
             if group is not None:
                 dist.destroy_process_group(group)
                 setattr(self, name, None)
+        self._raise_if_last_save_failed()
+
+    def _raise_if_last_save_failed(self) -> None:
+        last = self.results[-1] if self.results else None
+        if last is None or last.ok:
+            return
+        newest = max(layout.committed_steps(self.dir), default=None)
+        raise CheckpointError(f"the last checkpoint save (step {last.step}) failed: {last.error or 'not finished'}; "
+                              f"newest committed checkpoint in {self.dir}: "
+                              f"{'none' if newest is None else f'step {newest}'}")
 
     # ---- emergency save ----
     def install_signal_handlers(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> None:

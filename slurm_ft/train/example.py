@@ -9,7 +9,7 @@ MASTER_ADDR/MASTER_PORT from the launcher, else the first node of SLURM_JOB_NODE
 SLURM_JOB_ID. Before the first step: topology check, then resume from the newest committed checkpoint (or
 SLURM_FT_RESUME_STEP). Heartbeats every step and error files go to $SLURM_FT_RUN_DIR (default <ckpt-dir>/.slurm-ft).
 The checkpoint dir belongs to this run (SLURM_FT_RUN_ID, else the Slurm job id; see CheckpointConfig): another
-run's dir is refused unless --ckpt-adopt.
+run's dir is refused unless --ckpt-adopt. A run whose last save failed exits non-zero.
 
 Fault injection by RANK:STEP fires when this run reaches STEP without having resumed at or past it; so a run
 that resumes from an earlier checkpoint fires it again (give the flag on the first attempt only, see
@@ -265,7 +265,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
         if mgr.exit_requested:
             emergency = True
             break
-    mgr.close()
+    mgr.close()  # raises when the last save failed: the run then exits non-zero
     if timeline is not None:
         timeline.write("end", step=step)
     return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,

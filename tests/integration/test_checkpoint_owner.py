@@ -1,4 +1,4 @@
-"""Trust between runs: a checkpoint dir belongs to one run.
+"""Trust between runs: a checkpoint dir belongs to one run; a failed last save fails the run.
 
 In process (single rank, real files) and with the example trainer on 2 ranks over real gloo groups.
 """
@@ -16,7 +16,8 @@ from torch import nn
 
 from slurm_ft.errors import ConfigError
 from slurm_ft.train import layout
-from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from slurm_ft.train.storage import TEST_FAIL_AT
 
 pytestmark = pytest.mark.gloo
 
@@ -64,6 +65,17 @@ def test_adopt_takes_the_dir_over_and_keeps_the_other_runs_steps(tmp_path):
         _manager(tmp_path, "101")
 
 
+def test_a_run_whose_dir_was_adopted_fails_its_next_save_and_its_close(tmp_path):
+    first, _ = _manager(tmp_path, "101")
+    assert first.save(2).ok
+    _manager(tmp_path, "202", adopt=True)[0].close()
+    result = first.save(4)
+    assert not result.ok and f"{tmp_path} now belongs to run 202 (this run: 101)" in result.error
+    with pytest.raises(CheckpointError, match="step 4"):
+        first.close()
+    assert layout.committed_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-*"))
+
+
 def test_a_checkpoint_from_before_run_identity_loads_and_the_run_claims_the_dir(tmp_path):
     _saved(tmp_path, None, 2)
     marker = json.loads((layout.step_dir(tmp_path, 2) / layout.MARKER).read_text())
@@ -83,12 +95,37 @@ def test_the_run_identity_defaults_to_the_slurm_job_id(tmp_path, monkeypatch):
         _manager(tmp_path)
 
 
+def test_close_raises_when_the_last_save_failed_and_only_then(tmp_path, monkeypatch):
+    monkeypatch.setenv(TEST_FAIL_AT, "after_local_state@2")
+    mgr, _ = _manager(tmp_path)
+    assert not mgr.save(2).ok  # a failed periodic save: training goes on
+    assert mgr.save(4).ok
+    mgr.close()
+    monkeypatch.setenv(TEST_FAIL_AT, "after_local_state@6")
+    mgr, _ = _manager(tmp_path, async_save=True)
+    mgr.save(6)
+    with pytest.raises(CheckpointError, match=r"last checkpoint save \(step 6\) failed: OSError: .*TEST-ONLY "
+                                              r"injected I/O error.*; newest committed checkpoint in .*: step 4$"):
+        mgr.close()
+    assert mgr._ctl_group is None and layout.committed_steps(tmp_path) == [4]  # released before raising
+
+
 def _trainer(ckpt, *args, env_extra=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "slurm_ft.train.example", "--ckpt-dir", str(ckpt), "--hidden", "8", "--sync", *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_FT_", "SLURM_JOB_ID"))}
     return subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1", **(env_extra or {})}, capture_output=True,
                           text=True, timeout=180)
+
+
+def test_example_trainer_exits_non_zero_when_its_final_save_failed(tmp_path):
+    proc = _trainer(tmp_path, "--steps", "4", "--ckpt-every", "2",
+                    env_extra={TEST_FAIL_AT: "after_local_state@4"})
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    assert "CheckpointError: the last checkpoint save (step 4) failed" in proc.stderr
+    assert layout.committed_steps(tmp_path) == [2]
+    errors = [json.loads(p.read_text()) for p in sorted((tmp_path / ".slurm-ft").glob("error.rank*.json"))]
+    assert [e["exc_type"] for e in errors] == ["CheckpointError", "CheckpointError"]
 
 
 def test_example_trainer_refuses_another_jobs_dir_unless_adopting(tmp_path):

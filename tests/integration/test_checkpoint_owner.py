@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,6 +127,17 @@ def test_example_trainer_exits_non_zero_when_its_final_save_failed(tmp_path):
     assert layout.committed_steps(tmp_path) == [2]
     errors = [json.loads(p.read_text()) for p in sorted((tmp_path / ".slurm-ft").glob("error.rank*.json"))]
     assert [e["exc_type"] for e in errors] == ["CheckpointError", "CheckpointError"]
+
+
+def test_the_readme_trainer_exits_non_zero_when_its_final_save_failed(tmp_path):
+    trainer = Path(__file__).resolve().parents[2] / "examples" / "minimal_train.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_FT_", "SLURM_JOB_ID"))}
+    env.update(OMP_NUM_THREADS="1", STEPS="4", SLURM_FT_CKPT_DIR=str(tmp_path), SLURM_FT_CKPT_EVERY="2",
+               SLURM_FT_RUN_DIR=str(tmp_path / "run"), **{TEST_FAIL_AT: "after_local_state@4"})
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(trainer)], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0 and "the last checkpoint save (step 4) failed" in proc.stderr, proc.stderr[-3000:]
+    assert "done at step" not in proc.stdout and layout.committed_steps(tmp_path) == [2]
 
 
 def test_example_trainer_refuses_another_jobs_dir_unless_adopting(tmp_path):

@@ -5,6 +5,11 @@ and extra state, RNG states) into the shared temp dir ``.tmp-step_<N>-<id>``, ha
 Once all ranks are done, rank 0 gathers the digests, writes the manifest and publishes the dir atomically (see
 :mod:`slurm_ft.train.layout`). The checkpoint dir must be on a filesystem all ranks share.
 
+The dir belongs to one run (``CheckpointConfig.run_id``, by default the Slurm job id): its identity goes into
+every manifest and the dir's ``OWNER`` file; another run's dir is refused unless ``adopt``, and retention never
+deletes another run's steps. ``close()`` raises when the run's last save failed, so the job does not end as if
+its final state were saved.
+
 Async saves block the loop only for the staging copy into host memory; a background thread writes and
 commits. At most one save is in flight (the next save waits for it: back-pressure). Collectives of the manager
 run on two gloo groups of its own: ``ctl`` for the main thread's small agreements, ``ckpt`` for the one thread
@@ -402,7 +407,8 @@ class CheckpointManager:
         return False
 
     def save(self, step: int, *, blocking: bool | None = None) -> SaveResult:
-        """Save ``step``; async per config unless ``blocking``. Failures are logged and recorded, not raised."""
+        """Save ``step``; async per config unless ``blocking``. Failures are logged and recorded, not raised
+        (``close()`` raises when the run's last save failed)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         return self._save(step, (not self.config.async_save) if blocking is None else blocking, emergency=False)

@@ -77,6 +77,15 @@ def test_a_run_whose_dir_was_adopted_fails_its_next_save_and_its_close(tmp_path)
     assert layout.committed_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-*"))
 
 
+def test_a_malformed_owner_file_is_refused_until_adopted(tmp_path):
+    _saved(tmp_path, "101", 2)
+    (tmp_path / layout.OWNER).write_text("{torn")
+    with pytest.raises(ConfigError, match=r"belongs to run unknown \(.*OWNER: malformed owner file"):
+        _manager(tmp_path, "101")
+    _manager(tmp_path, "101", adopt=True)[0].close()
+    assert layout.read_owner(tmp_path) == "101"
+
+
 def test_a_checkpoint_from_before_run_identity_loads_and_the_run_claims_the_dir(tmp_path):
     _saved(tmp_path, None, 2)
     marker = json.loads((layout.step_dir(tmp_path, 2) / layout.MARKER).read_text())

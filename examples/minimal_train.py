@@ -30,7 +30,7 @@ def main() -> None:
             step += 1
             heart.beat(step)
             ckpt.maybe_save(step)  # every rank, every step: saves when due, asynchronously
-        ckpt.close()  # waits for the save in flight
+        ckpt.close()  # waits for the save in flight; raises if the run's last save failed
         if rank == 0:
             print(f"done at step {step}, weights {sum(p.sum().item() for p in model.parameters()):.6f}", flush=True)
         dist.destroy_process_group()

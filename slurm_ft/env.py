@@ -30,9 +30,11 @@ RUN_DIR = "RUN_DIR"            # per-job directory for heartbeats and error file
 EXCLUDED_NODES = "EXCLUDED_NODES"  # hostlist the job must not run on (topology check)
 NO_REQUEUE = "NO_REQUEUE"      # "1" (--ft-no-requeue): restart in place or stop, never requeue
 RESTART_CAUSE = "RESTART_CAUSE"  # why this run is a restart: the failure category (set by the launcher)
+RUN_ID = "RUN_ID"              # run identity that owns the checkpoint dir (default: the Slurm job id)
+CKPT_ADOPT = "CKPT_ADOPT"      # "1": take over a checkpoint dir another run owns
 
 JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR,
-                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE)
+                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE, RUN_ID, CKPT_ADOPT)
 
 # Process-wide settings.
 SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DEFAULT_SITE_CONFIG
@@ -42,6 +44,7 @@ DEFAULT_STATE_DIR = "/var/lib/slurm-ft"
 SLURM_BACKEND = "SLURM_FT_SLURM_BACKEND"   # SlurmClient backend: auto (default), cli or pyslurm
 LAB_DIR = "SLURM_FT_LAB_DIR"               # the lab cluster directory (`slurm-ft lab`, integration tests)
 TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML records from this JSON file
+SLURM_JOB_ID = "SLURM_JOB_ID"              # Slurm's job id: a requeued job keeps it (the default run identity)
 
 
 def job_setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -52,6 +55,12 @@ def job_setting(name: str, environ: Mapping[str, str] | None = None) -> str | No
         if value not in (None, ""):
             return value
     return None
+
+
+def run_identity(environ: Mapping[str, str] | None = None) -> str | None:
+    """The run identity: setting ``RUN_ID`` (above), else ``SLURM_JOB_ID``; None outside Slurm."""
+    env = os.environ if environ is None else environ
+    return job_setting(RUN_ID, env) or env.get(SLURM_JOB_ID) or None
 
 
 def job_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -18,7 +18,7 @@ A plain PyTorch loop adopts it in a few lines (see ``slurm_ft.train.example`` fo
             step += 1
             heart.beat(step)
             mgr.maybe_save(step)                            # every rank, every step
-        mgr.close()                                         # waits for the in-flight save
+        mgr.close()                                         # waits for the in-flight save; raises if it failed
 
 Torch-free at import: the names below load their modules (and torch) on first access, so the monitor and the
 launcher can import ``slurm_ft.train.layout`` and ``slurm_ft.train.records`` without torch.

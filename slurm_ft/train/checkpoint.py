@@ -5,6 +5,11 @@ and extra state, RNG states) into the shared temp dir ``.tmp-step_<N>-<id>``, ha
 Once all ranks are done, rank 0 gathers the digests, writes the manifest and publishes the dir atomically (see
 :mod:`slurm_ft.train.layout`). The checkpoint dir must be on a filesystem all ranks share.
 
+The dir belongs to one run (``CheckpointConfig.run_id``, by default the Slurm job id): its identity goes into
+every manifest and the dir's ``OWNER`` file; another run's dir is refused unless ``adopt``, and retention never
+deletes another run's steps. ``close()`` raises when the run's last save failed, so the job does not end as if
+its final state were saved.
+
 Async saves block the loop only for the staging copy into host memory; a background thread writes and
 commits. At most one save is in flight (the next save waits for it: back-pressure). Collectives of the manager
 run on two gloo groups of its own: ``ctl`` for the main thread's small agreements, ``ckpt`` for the one thread
@@ -69,7 +74,8 @@ AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training t
 
 
 class CheckpointError(SlurmFtError):
-    """Checkpoints exist but none can be loaded (the message names the bad files)."""
+    """Checkpoints exist but none can be loaded (the message names the bad files), or the run's last save
+    failed (the message names the step and the error)."""
 
 
 def _auto_interval_defaults() -> AdaptiveIntervalConfig:
@@ -90,7 +96,10 @@ class CheckpointConfig:
     minus the step time for USR1); verify: sha256 of every file at load (False: sizes only);
     write_threads: DCP writer threads per rank; reuse_staging_buffers: keep the host staging copy between
     async saves (faster stalls, one state's worth of host memory); collective_timeout_s: timeout of the
-    manager's gloo groups (a dead peer fails a save instead of hanging it).
+    manager's gloo groups (a dead peer fails a save instead of hanging it); run_id: the run identity that
+    owns the dir (None: from the environment, ``SLURM_FT_RUN_ID`` else ``SLURM_JOB_ID``, which a requeued job
+    keeps; neither set: no identity, no ownership check); adopt: take over a dir another run owns, e.g. to
+    fine-tune from its checkpoint (SLURM_FT_CKPT_ADOPT=1; without it such a dir is refused).
     """
 
     dir: str
@@ -104,6 +113,8 @@ class CheckpointConfig:
     write_threads: int = 2
     reuse_staging_buffers: bool = True
     collective_timeout_s: float = 600.0
+    run_id: str | None = None
+    adopt: bool = False
 
     def __post_init__(self) -> None:
         require(isinstance(self.dir, (str, os.PathLike)) and str(self.dir) != "", "dir",
@@ -120,7 +131,10 @@ class CheckpointConfig:
         require(self.keep_last >= 1, "keep_last", f"must be >= 1, got {self.keep_last}")
         require(self.keep_every >= 0, "keep_every", f"must be >= 0 (0 = off), got {self.keep_every}")
         require(self.write_threads >= 1, "write_threads", f"must be >= 1, got {self.write_threads}")
-        for name in ("async_save", "verify", "reuse_staging_buffers"):
+        require(self.run_id is None or (isinstance(self.run_id, str) and self.run_id.isprintable()
+                                        and 0 < len(self.run_id) <= 200), "run_id",
+                f"must be a printable string of 1-200 characters (SLURM_FT_RUN_ID), got {self.run_id!r}")
+        for name in ("async_save", "verify", "reuse_staging_buffers", "adopt"):
             value = getattr(self, name)
             require(isinstance(value, bool), name, f"must be true or false, got {value!r}")
         for name in ("emergency_deadline_s", "collective_timeout_s"):
@@ -135,7 +149,8 @@ class CheckpointConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CheckpointConfig:
-        """Build from SLURM_FT_CKPT_DIR / SLURM_FT_CKPT_EVERY (env precedence in slurm_ft.env); overrides win."""
+        """Build from SLURM_FT_CKPT_DIR / SLURM_FT_CKPT_EVERY / SLURM_FT_CKPT_ADOPT and the run identity
+        (env precedence in slurm_ft.env); overrides win."""
         values: dict[str, Any] = {}
         ckpt_dir = env.job_setting(env.CKPT_DIR, environ)
         if ckpt_dir is not None:
@@ -148,6 +163,12 @@ class CheckpointConfig:
                 values["every"] = int(every)
             except ValueError:
                 raise ConfigError(f"every: CKPT_EVERY must be an integer or {AUTO!r}, got {every!r}") from None
+        adopt = env.job_setting(env.CKPT_ADOPT, environ)
+        if adopt is not None:
+            if adopt not in ("0", "1"):
+                raise ConfigError(f"adopt: CKPT_ADOPT must be 1 or 0, got {adopt!r}")
+            values["adopt"] = adopt == "1"
+        values["run_id"] = env.run_identity(environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "dir" not in values:
             raise ConfigError("dir: no checkpoint directory (set --ft-ckpt-dir or SLURM_FT_CKPT_DIR)")
@@ -250,6 +271,9 @@ class CheckpointManager:
         self._ckpt_group = self._new_group(process_group)  # the one thread doing DCP save/load
         self.rank_hosts = self._all_gather(records.node_name())
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.run_id: str | None = self._broadcast(
+            (config.run_id if config.run_id is not None else env.run_identity()) if self.rank == 0 else None)
+        self._claim()
         self._stager = Stager(reuse_buffers=config.reuse_staging_buffers)
         get_state_dict(self.model, [])  # torch imports lazily on the first call: pay at startup, not in a stall
         self._thread: threading.Thread | None = None
@@ -268,6 +292,46 @@ class CheckpointManager:
         self._interval = AdaptiveInterval(config.auto_interval) if config.auto and self.rank == 0 else None
         self._interval_lock = threading.Lock()  # the save thread feeds the estimator, the main thread reads it
         self._train_since = self._running_since = clock()
+
+    # ---- ownership (run identity) ----
+    def _claim(self) -> None:
+        """Refuse a dir another run owns unless ``adopt``, else record this run as its owner (rank 0 decides;
+        every rank raises the same ConfigError). A run without an identity checks nothing."""
+        if self.run_id is None:
+            return
+        refusal = self._broadcast(self._claim_on_rank0() if self.rank == 0 else "")
+        if refusal:
+            raise ConfigError(refusal)
+
+    def _claim_on_rank0(self) -> str:
+        try:
+            owner = layout.dir_owner(self.dir)
+        except layout.ManifestError as exc:
+            owner = f"unknown ({exc})"
+        if owner not in (None, self.run_id):
+            if not self.config.adopt:
+                return (f"dir: {self.dir} belongs to run {owner} (this run: {self.run_id}); give this run its own "
+                        f"checkpoint dir, or take this one over with adopt=True (SLURM_FT_CKPT_ADOPT=1)")
+            log.warning("adopt: run %s takes over %s from run %s", self.run_id, self.dir, owner)
+        try:
+            if owner != self.run_id or layout.read_owner(self.dir) != self.run_id:
+                layout.write_owner(self.dir, self.run_id, now=time.time())
+        except (OSError, layout.ManifestError) as exc:
+            log.warning("could not record run %s as the owner of %s: %s", self.run_id, self.dir, exc)
+        return ""
+
+    def _taken_over(self) -> str:
+        """Rank 0 before a commit: why this run may no longer publish into the dir (another run took it over
+        since), or ""."""
+        if self.run_id is None:
+            return ""
+        try:
+            owner = layout.read_owner(self.dir)
+        except layout.ManifestError as exc:
+            return f"commit refused: {exc}"
+        if owner not in (None, self.run_id):
+            return f"commit refused: {self.dir} now belongs to run {owner} (this run: {self.run_id})"
+        return ""
 
     # ---- collectives (on the manager's own gloo groups) ----
     def _new_group(self, process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -343,7 +407,8 @@ class CheckpointManager:
         return False
 
     def save(self, step: int, *, blocking: bool | None = None) -> SaveResult:
-        """Save ``step``; async per config unless ``blocking``. Failures are logged and recorded, not raised."""
+        """Save ``step``; async per config unless ``blocking``. Failures are logged and recorded, not raised
+        (``close()`` raises when the run's last save failed)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         return self._save(step, (not self.config.async_save) if blocking is None else blocking, emergency=False)
@@ -386,7 +451,8 @@ class CheckpointManager:
         return True
 
     def close(self) -> None:
-        """Wait for the in-flight save, restore signal handlers, release the manager's groups."""
+        """Wait for the in-flight save, restore signal handlers, release the manager's groups. Then raise
+        CheckpointError when the run's last save failed: a run must not end as if its final state were saved."""
         self.wait()
         self._disarm_watchdog()
         for sig, old in self._signals.items():
@@ -397,6 +463,16 @@ class CheckpointManager:
             if group is not None:
                 dist.destroy_process_group(group)
                 setattr(self, name, None)
+        self._raise_if_last_save_failed()
+
+    def _raise_if_last_save_failed(self) -> None:
+        last = self.results[-1] if self.results else None
+        if last is None or last.ok:
+            return
+        newest = max(layout.committed_steps(self.dir), default=None)
+        raise CheckpointError(f"the last checkpoint save (step {last.step}) failed: {last.error or 'not finished'}; "
+                              f"newest committed checkpoint in {self.dir}: "
+                              f"{'none' if newest is None else f'step {newest}'}")
 
     # ---- emergency save ----
     def install_signal_handlers(self, signals: tuple[int, ...] = (signal.SIGUSR1, signal.SIGTERM)) -> None:
@@ -550,7 +626,7 @@ class CheckpointManager:
         started the next save already."""
         try:
             for name in layout.apply_retention(self.dir, self.config.keep_last, self.config.keep_every,
-                                               tmp_up_to=step):
+                                               tmp_up_to=step, run_id=self.run_id):
                 log.info("retention removed %s", name)
         except OSError as exc:
             log.error("retention after step %d failed (checkpoint is committed): %s", step, exc)
@@ -580,10 +656,13 @@ class CheckpointManager:
         outcome = ""
         if self.rank == 0:
             try:
-                files = _manifest_files(tmp, {k: v for part in written for k, v in part.items()})
-                manifest = layout.Manifest(step=step, world_size=self.world_size, files=files,
-                                           rank_hosts=list(self.rank_hosts), time=time.time())
-                layout.commit(tmp, layout.step_dir(self.dir, step), manifest, lambda point: crash_point(point, step))
+                outcome = self._taken_over()
+                if not outcome:
+                    files = _manifest_files(tmp, {k: v for part in written for k, v in part.items()})
+                    manifest = layout.Manifest(step=step, world_size=self.world_size, files=files,
+                                               rank_hosts=list(self.rank_hosts), time=time.time(), run_id=self.run_id)
+                    layout.commit(tmp, layout.step_dir(self.dir, step), manifest,
+                                  lambda point: crash_point(point, step))
             except OSError as exc:
                 outcome = f"commit failed: {exc}"
         outcome = self._broadcast(outcome, group)

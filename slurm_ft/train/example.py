@@ -8,6 +8,8 @@ Rank/world from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or SLURM_PROCID/SLURM_NTAS
 MASTER_ADDR/MASTER_PORT from the launcher, else the first node of SLURM_JOB_NODELIST and a port derived from
 SLURM_JOB_ID. Before the first step: topology check, then resume from the newest committed checkpoint (or
 SLURM_FT_RESUME_STEP). Heartbeats every step and error files go to $SLURM_FT_RUN_DIR (default <ckpt-dir>/.slurm-ft).
+The checkpoint dir belongs to this run (SLURM_FT_RUN_ID, else the Slurm job id; see CheckpointConfig): another
+run's dir is refused unless --ckpt-adopt. A run whose last save failed exits non-zero.
 
 Fault injection by RANK:STEP fires when this run reaches STEP without having resumed at or past it; so a run
 that resumes from an earlier checkpoint fires it again (give the flag on the first attempt only, see
@@ -80,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtbf-prior", type=float, default=AdaptiveIntervalConfig().prior_mtbf_s, metavar="SECONDS",
                    help="auto: mean time between failures assumed before any is seen")
     p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--ckpt-adopt", action="store_true", help="take over a checkpoint dir another run owns "
+                                                             "(default: SLURM_FT_CKPT_ADOPT)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="small", help="hidden width preset")
     p.add_argument("--hidden", type=int, help="hidden width (overrides --model-size)")
@@ -225,9 +229,10 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     data = SyntheticData(args.seed, rank, world, device,
                          global_batch=args.batch_per_rank * world if args.batch_per_rank else BATCH)
     timeouts = {"collective_timeout_s": args.pg_timeout} if args.pg_timeout else {}
-    config = CheckpointConfig(dir=args.ckpt_dir, every=args.ckpt_every, auto_interval=args.auto_interval,
-                              keep_last=args.keep_last, async_save=not args.sync,
-                              emergency_deadline_s=args.emergency_deadline, **timeouts)
+    config = CheckpointConfig.from_env(dir=args.ckpt_dir, every=args.ckpt_every, auto_interval=args.auto_interval,
+                                       keep_last=args.keep_last, async_save=not args.sync,
+                                       emergency_deadline_s=args.emergency_deadline,
+                                       adopt=True if args.ckpt_adopt else None, **timeouts)
     mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()
     heart = HeartbeatWriter(run_dir, rank)
@@ -260,7 +265,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
         if mgr.exit_requested:
             emergency = True
             break
-    mgr.close()
+    mgr.close()  # raises when the last save failed: the run then exits non-zero
     if timeline is not None:
         timeline.write("end", step=step)
     return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,

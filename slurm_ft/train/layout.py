@@ -4,8 +4,13 @@
 <ckpt_dir>/step_00000100/            published checkpoint (only once it holds COMMITTED)
 <ckpt_dir>/step_00000100/COMMITTED   the manifest JSON, written last via temp file + rename
 <ckpt_dir>/.tmp-step_00000100-<id>/  a save in progress; never loaded, removed by retention
+<ckpt_dir>/OWNER                     {"run_id": ...}: the run that owns the dir (temp file + rename)
 ```
 A step dir without ``COMMITTED`` (a crash between rename and marker) is not a checkpoint.
+
+Run identity: a run with an identity (``run_id``) records it in every manifest and in ``OWNER``. The dir's owner
+is ``OWNER``'s run, else the newest manifest's; a manifest or dir without one is unowned. Retention never
+deletes a step dir whose manifest (committed or staged) names another run.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 MARKER = "COMMITTED"
+OWNER = "OWNER"
 VERSION = 1
 STEP_RE = re.compile(r"^step_(\d{8,})$")
 _TMP_RE = re.compile(r"^\.tmp-step_(\d{8,})-[0-9a-f]+$")
@@ -44,14 +50,18 @@ class Manifest:
     rank_hosts: list[str] = dataclasses.field(default_factory=list)
     time: float = 0.0
     version: int = VERSION
+    run_id: str | None = None  # the run that wrote it (None: unowned, as every manifest before run identity)
     path: str = ""  # the step dir it was read from ("" when not read from disk)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "step": self.step, "world_size": self.world_size, "rank_hosts": list(self.rank_hosts),
             "time": self.time, "version": self.version,
             "files": {name: dataclasses.asdict(entry) for name, entry in sorted(self.files.items())},
         }
+        if self.run_id is not None:
+            data["run_id"] = self.run_id
+        return data
 
     @classmethod
     def from_json(cls, data: Any, *, path: str = "") -> Manifest:
@@ -62,9 +72,18 @@ class Manifest:
                      for k, v in data["files"].items()}
             return cls(step=int(data["step"]), world_size=int(data["world_size"]), files=files,
                        rank_hosts=[str(h) for h in data.get("rank_hosts", [])],
-                       time=float(data.get("time", 0.0)), version=int(data.get("version", VERSION)), path=path)
+                       time=float(data.get("time", 0.0)), version=int(data.get("version", VERSION)),
+                       run_id=_run_id(data.get("run_id")), path=path)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ManifestError(f"{path or 'manifest'}: malformed manifest ({exc!r})") from None
+
+
+def _run_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"run_id must be a non-empty string, got {value!r}")
+    return value
 
 
 def step_dir_name(step: int) -> str:
@@ -172,6 +191,54 @@ def latest_committed(ckpt_dir: str | os.PathLike[str]) -> Manifest | None:
     return None
 
 
+def read_owner(ckpt_dir: str | os.PathLike[str]) -> str | None:
+    """The run named by the dir's ``OWNER`` file (None: no file); ManifestError when it is malformed."""
+    path = Path(ckpt_dir) / OWNER
+    try:
+        data = json.loads(path.read_text())
+        return _run_id(data["run_id"])
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ManifestError(f"{path}: unreadable ({exc})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ManifestError(f"{path}: malformed owner file ({exc!r})") from None
+
+
+def dir_owner(ckpt_dir: str | os.PathLike[str]) -> str | None:
+    """The run that owns the dir: ``OWNER``'s, else the newest committed manifest's (None: unowned)."""
+    owner = read_owner(ckpt_dir)
+    if owner is not None:
+        return owner
+    newest = latest_committed(ckpt_dir)
+    return newest.run_id if newest is not None else None
+
+
+def write_owner(ckpt_dir: str | os.PathLike[str], run_id: str, *, now: float = 0.0) -> None:
+    """Record ``run_id`` as the dir's owner (temp file + rename, fsync'd)."""
+    root = Path(ckpt_dir)
+    staged = root / f".{OWNER}.{uuid.uuid4().hex[:12]}.tmp"
+    with open(staged, "w") as fh:
+        fh.write(json.dumps({"run_id": _run_id(run_id), "time": now}))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(staged, root / OWNER)
+    fsync_path(root)
+
+
+def written_by_other(path: str | os.PathLike[str], run_id: str | None) -> bool:
+    """Whether a step or temp dir's manifest (committed, else staged) names a run other than ``run_id``.
+    A dir without a readable manifest, or one that names no run, is not another run's."""
+    for name in (MARKER, f".{MARKER}.tmp"):
+        try:
+            data = json.loads((Path(path) / name).read_text())
+        except (OSError, ValueError):
+            continue
+        writer = data.get("run_id") if isinstance(data, dict) else None
+        return writer is not None and writer != run_id
+    return False
+
+
 def commit(tmp_path: Path, final_path: Path, manifest: Manifest, crash_point=lambda name: None) -> None:
     """Publish ``tmp_path`` as ``final_path``: manifest, fsync, rename, marker (temp + rename), fsync dir."""
     crash_point("before_manifest")
@@ -207,12 +274,14 @@ def retained(steps: list[int], keep_last: int, keep_every: int) -> set[int]:
 
 
 def apply_retention(ckpt_dir: str | os.PathLike[str], keep_last: int, keep_every: int,
-                    *, active_tmp: str | None = None, tmp_up_to: int | None = None) -> list[str]:
+                    *, active_tmp: str | None = None, tmp_up_to: int | None = None,
+                    run_id: str | None = None) -> list[str]:
     """Delete published dirs retention does not keep (marker first, then tree), uncommitted step dirs
     older than the newest commit, and temp dirs other than ``active_tmp`` (only those of steps <= ``tmp_up_to``
-    when given: a later save may be writing one). Returns the names removed."""
+    when given: a later save may be writing one). Dirs another run wrote (see :func:`written_by_other`; this
+    run is ``run_id``) are never deleted, nor counted in ``keep_last``. Returns the names removed."""
     root = Path(ckpt_dir)
-    published = _published(root)
+    published = [(s, p) for s, p in _published(root) if not written_by_other(p, run_id)]
     committed = [s for s, p in published if (p / MARKER).is_file()]
     keep = retained(committed, keep_last, keep_every)
     newest = max(committed, default=-1)
@@ -225,7 +294,7 @@ def apply_retention(ckpt_dir: str | os.PathLike[str], keep_last: int, keep_every
         removed.append(path.name)
     for entry in os.scandir(root) if root.is_dir() else []:
         match = _TMP_RE.match(entry.name)
-        if not match or entry.name == active_tmp or entry.is_symlink():
+        if not match or entry.name == active_tmp or entry.is_symlink() or written_by_other(entry.path, run_id):
             continue
         if tmp_up_to is None or int(match.group(1)) <= tmp_up_to:
             shutil.rmtree(entry.path, ignore_errors=True)

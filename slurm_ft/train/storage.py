@@ -2,12 +2,15 @@
 
 ``FileStorage`` wraps DCP's FileSystemWriter: files are fsync'd, and every file a rank writes is hashed while
 it is written (size and sha256 in ``writer.digests``), so the commit never reads the checkpoint back.
-TEST-ONLY crash points (``$SLURM_FT_TEST_CRASH_AT``) SIGKILL the process at named points of the protocol.
+TEST-ONLY crash points (``$SLURM_FT_TEST_CRASH_AT``) SIGKILL the process at named points of the protocol;
+``$SLURM_FT_TEST_FAIL_AT`` raises an I/O error there instead (a failed save; ``after_local_state`` fails it on
+every rank cleanly).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -24,17 +27,21 @@ from slurm_ft.train import layout
 log = logging.getLogger("slurm_ft.train.storage")
 
 TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": SIGKILL self there
+TEST_FAIL_AT = "SLURM_FT_TEST_FAIL_AT"    # TEST-ONLY: "<point>" or "<point>@<step>": raise OSError(EIO) there
 # In protocol order. mid_shard: a shard half written; before_metadata: shards on disk, DCP .metadata not yet.
 CRASH_POINTS = ("after_local_state", "mid_shard", "before_metadata", "after_shards", "before_manifest",
                 "after_manifest", "after_rename", "after_marker", "after_fsync")
 
 
 def crash_point(name: str, step: int | None = None) -> None:
-    """TEST-ONLY fault hook: SIGKILL this process when ``$SLURM_FT_TEST_CRASH_AT`` names this point (and step)."""
-    wanted = os.environ.get(TEST_CRASH_AT)
-    if wanted is not None and wanted in (name, f"{name}@{step}"):
+    """TEST-ONLY fault hooks: SIGKILL this process when ``$SLURM_FT_TEST_CRASH_AT`` names this point (and step);
+    raise OSError(EIO) when ``$SLURM_FT_TEST_FAIL_AT`` does."""
+    here = (name, f"{name}@{step}")
+    if os.environ.get(TEST_CRASH_AT) in here:
         log.warning("TEST-ONLY crash point %s reached: SIGKILL", name)
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(TEST_FAIL_AT) in here:
+        raise OSError(errno.EIO, f"TEST-ONLY injected I/O error at {name}")
 
 
 def first_few(names: Sequence[str], most: int = 3) -> str:

@@ -190,7 +190,8 @@ def test_real_enospc_on_tiny_tmpfs(tiny_tmpfs):
         _train(model, opt, sched, pos, step)
         mgr.save(step)
         mgr.wait()
-    mgr.close()
+    with pytest.raises(CheckpointError, match=r"last checkpoint save \(step 4\) failed"):
+        mgr.close()  # the run's last save failed: it must not end as if it had saved
     assert layout.committed_steps(tiny_tmpfs) == [2]
     # torch.save's zip writer reports a full disk as "unexpected pos"; the free-space note makes it clear
     assert mgr.stats["failed"] == 1 and f"(free space in {tiny_tmpfs}: " in mgr.stats["last_error"], mgr.stats

@@ -7,11 +7,12 @@ import pytest
 from slurm_ft.train import layout
 
 
-def _publish(root, step, payload=b"data"):
+def _publish(root, step, payload=b"data", run_id=None):
     tmp = root / layout.tmp_dir_name(step, "ab12")
     tmp.mkdir(parents=True)
     (tmp / "__0_0.distcp").write_bytes(payload)
-    manifest = layout.Manifest(step=step, world_size=2, files=layout.scan_files(tmp), rank_hosts=["a", "b"])
+    manifest = layout.Manifest(step=step, world_size=2, files=layout.scan_files(tmp), rank_hosts=["a", "b"],
+                               run_id=run_id)
     layout.commit(tmp, layout.step_dir(root, step), manifest)
     return layout.step_dir(root, step)
 
@@ -96,3 +97,42 @@ def test_retention_leaves_later_saves_temp_dirs_alone(tmp_path):
     removed = layout.apply_retention(tmp_path, keep_last=1, keep_every=0, tmp_up_to=10)
     assert sorted(removed) == [".tmp-step_00000009-bb", ".tmp-step_00000010-aa"]
     assert (tmp_path / ".tmp-step_00000020-cc").is_dir()  # the next save, maybe being written by other ranks
+
+
+def test_manifest_carries_the_run_identity_and_an_old_one_without_it_is_unowned(tmp_path):
+    path = _publish(tmp_path, 3, run_id="job-7")
+    assert json.loads((path / layout.MARKER).read_text())["run_id"] == "job-7"
+    assert layout.read_manifest(path).run_id == "job-7"
+    old = _publish(tmp_path, 4)
+    assert "run_id" not in json.loads((old / layout.MARKER).read_text())  # what every manifest looked like before
+    assert layout.read_manifest(old).run_id is None
+    data = json.loads((path / layout.MARKER).read_text())
+    (path / layout.MARKER).write_text(json.dumps({**data, "run_id": 7}))
+    with pytest.raises(layout.ManifestError, match="run_id"):
+        layout.read_manifest(path)
+
+
+def test_the_owner_file_else_the_newest_manifest_owns_the_dir(tmp_path):
+    assert layout.dir_owner(tmp_path) is None
+    _publish(tmp_path, 1)
+    assert layout.dir_owner(tmp_path) is None  # unowned: written before run identity
+    _publish(tmp_path, 2, run_id="a")
+    assert layout.dir_owner(tmp_path) == "a"
+    layout.write_owner(tmp_path, "b")
+    assert (layout.read_owner(tmp_path), layout.dir_owner(tmp_path)) == ("b", "b")
+    assert not list(tmp_path.glob(".OWNER*"))
+    (tmp_path / layout.OWNER).write_text("[]")
+    with pytest.raises(layout.ManifestError, match="OWNER: malformed owner file"):
+        layout.dir_owner(tmp_path)
+
+
+def test_retention_never_deletes_a_step_dir_another_run_wrote(tmp_path):
+    for step, run in ((10, "other"), (20, None), (30, "me"), (40, "me"), (50, "me")):
+        _publish(tmp_path, step, run_id=run)
+    staged = tmp_path / ".tmp-step_00000005-cc"  # another run's save about to publish
+    staged.mkdir()
+    (staged / ".COMMITTED.tmp").write_text(json.dumps({"run_id": "other"}))
+    removed = layout.apply_retention(tmp_path, keep_last=2, keep_every=0, tmp_up_to=50, run_id="me")
+    assert sorted(removed) == ["step_00000020", "step_00000030"]  # the unowned one is this run's to remove
+    assert layout.committed_steps(tmp_path) == [10, 40, 50] and staged.is_dir()
+    assert layout.apply_retention(tmp_path, keep_last=1, keep_every=0) == []  # no identity: every owned dir is another's

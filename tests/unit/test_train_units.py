@@ -40,6 +40,8 @@ def test_train_package_exports_resolve_lazily():
     ({"dir": "/x", "verify": "yes"}, "verify"), ({"dir": "/x", "write_threads": 0}, "write_threads"),
     ({"dir": "/x", "collective_timeout_s": -1}, "collective_timeout_s"),
     ({"dir": "/x", "reuse_staging_buffers": None}, "reuse_staging_buffers"),
+    ({"dir": "/x", "adopt": "1"}, "adopt"), ({"dir": "/x", "run_id": ""}, "run_id"), ({"dir": "/x", "run_id": 7}, "run_id"),
+    ({"dir": "/x", "run_id": "a\nb"}, "run_id"),
 ])
 def test_checkpoint_config_names_bad_field(kwargs, field):
     from slurm_ft.train.checkpoint import CheckpointConfig
@@ -57,6 +59,19 @@ def test_checkpoint_config_from_env_precedence():
         CheckpointConfig.from_env({"SLURM_FT_CKPT_DIR": "/ft", "SLURM_FT_CKPT_EVERY": "seven"})
     with pytest.raises(SlurmFtError, match="^dir: "):
         CheckpointConfig.from_env({})
+
+
+def test_checkpoint_config_from_env_run_identity_and_adopt():
+    from slurm_ft.train.checkpoint import CheckpointConfig
+    ck = {"SLURM_FT_CKPT_DIR": "/ft"}
+    assert (CheckpointConfig.from_env(ck).run_id, CheckpointConfig.from_env(ck).adopt) == (None, False)
+    assert CheckpointConfig.from_env({**ck, "SLURM_JOB_ID": "42"}).run_id == "42"  # a requeued job keeps it
+    assert CheckpointConfig.from_env({**ck, "SLURM_JOB_ID": "42", "SLURM_FT_RUN_ID": "pretrain"}).run_id == "pretrain"
+    assert CheckpointConfig.from_env({**ck, "SLURM_FT_CKPT_ADOPT": "1"}).adopt
+    assert not CheckpointConfig.from_env({**ck, "SLURM_FT_CKPT_ADOPT": "0"}, adopt=None).adopt
+    assert CheckpointConfig.from_env(ck, adopt=True, run_id="x").run_id == "x"
+    with pytest.raises(SlurmFtError, match="^adopt: CKPT_ADOPT must be 1 or 0, got 'yes'"):
+        CheckpointConfig.from_env({**ck, "SLURM_FT_CKPT_ADOPT": "yes"})
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

@@ -31,6 +31,7 @@ import logging
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -51,6 +52,7 @@ from slurm_ft.budget import NOT_FAULTS
 from slurm_ft.config import require
 from slurm_ft.errors import ConfigError, SlurmFtError
 from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
+from slurm_ft.slurm.types import JobState
 from slurm_ft.train import layout, records
 from slurm_ft.train.console import show_progress
 from slurm_ft.train.staging import Stager
@@ -202,6 +204,27 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
+def _held(owner: str, active: bool | None) -> str:
+    """Why a Slurm job's dir is not passed on: a dir of a job that has ended passes to the next job (a
+    resubmission resumes as a requeue does); one still queued or running, or one Slurm cannot speak for, does not."""
+    if not owner.isdigit():
+        return ""
+    return f", and Slurm job {owner} is still queued or running" if active else \
+        f", and Slurm cannot tell whether job {owner} has ended"
+
+
+def slurm_job_active(job_id: str) -> bool | None:
+    """Whether Slurm job ``job_id`` is still queued or running (``squeue``); None when Slurm cannot say."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                              timeout=15, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return False if "Invalid job id" in done.stderr else None  # purged: long over
+    return any(not JobState.parse(word).finished for word in done.stdout.split())
+
+
 def load_local_state(path: Path) -> Any:
     """A rank's local state file, unpickled with ``weights_only``: tensors, plain containers and the NumPy RNG
     state's arrays only. Anyone who can write a shared checkpoint dir could otherwise run code in every rank that
@@ -252,8 +275,10 @@ class CheckpointManager:
                  optimizer: torch.optim.Optimizer | None = None, lr_scheduler: Any = None,
                  dataloader_state: Any = None, extra_state: Mapping[str, Any] | None = None,
                  process_group: dist.ProcessGroup | None = None, storage: Storage | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 job_active: Callable[[str], bool | None] | None = None) -> None:
         self.config = config
+        self._job_active = job_active or slurm_job_active
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.extra_state = {name: _stateful(f"extra_state[{name!r}]", obj)
                             for name, obj in dict(extra_state or {}).items()}
@@ -309,10 +334,13 @@ class CheckpointManager:
         except layout.ManifestError as exc:
             owner = f"unknown ({exc})"
         if owner not in (None, self.run_id):
-            if not self.config.adopt:
-                return (f"dir: {self.dir} belongs to run {owner} (this run: {self.run_id}); give this run its own "
-                        f"checkpoint dir, or take this one over with adopt=True (SLURM_FT_CKPT_ADOPT=1)")
-            log.warning("adopt: run %s takes over %s from run %s", self.run_id, self.dir, owner)
+            active = self._job_active(owner) if owner.isdigit() else None  # an owner that is a Slurm job id
+            if not self.config.adopt and active is not False:
+                return (f"dir: {self.dir} belongs to run {owner} (this run: {self.run_id}){_held(owner, active)}; "
+                        f"give this run its own checkpoint dir, or take this one over with adopt=True "
+                        f"(SLURM_FT_CKPT_ADOPT=1)")
+            log.warning("run %s takes over %s from run %s%s", self.run_id, self.dir, owner,
+                        " (adopt)" if self.config.adopt else f": Slurm job {owner} has ended")
         try:
             if owner != self.run_id or layout.read_owner(self.dir) != self.run_id:
                 layout.write_owner(self.dir, self.run_id, now=time.time())

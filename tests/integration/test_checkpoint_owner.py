@@ -23,11 +23,13 @@ from slurm_ft.train.storage import TEST_FAIL_AT
 pytestmark = pytest.mark.gloo
 
 
-def _manager(ckpt, run_id=None, **kwargs) -> tuple[CheckpointManager, nn.Module]:
+def _manager(ckpt, run_id=None, job_active=lambda job: None, **kwargs) -> tuple[CheckpointManager, nn.Module]:
+    """``job_active``: what Slurm says of the owner job (None: Slurm cannot say, as on a host without one)."""
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     config = CheckpointConfig(dir=str(ckpt), every=2, keep_last=1, run_id=run_id, **{"async_save": False, **kwargs})
-    return CheckpointManager(config, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)), model
+    return CheckpointManager(config, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             job_active=job_active), model
 
 
 def _saved(ckpt, run_id, *steps) -> None:
@@ -41,8 +43,9 @@ def test_another_run_is_refused_both_resume_and_save(tmp_path):
     _saved(tmp_path, "101", 2)
     assert layout.read_manifest(layout.step_dir(tmp_path, 2)).run_id == "101"
     assert layout.read_owner(tmp_path) == "101"
-    with pytest.raises(ConfigError, match=rf"^dir: {tmp_path} belongs to run 101 \(this run: 202\); .*"
-                                          r"adopt=True \(SLURM_FT_CKPT_ADOPT=1\)$"):
+    with pytest.raises(ConfigError, match=rf"^dir: {tmp_path} belongs to run 101 \(this run: 202\), and Slurm "
+                                          r"cannot tell whether job 101 has ended; .*adopt=True "
+                                          r"\(SLURM_FT_CKPT_ADOPT=1\)$"):
         _manager(tmp_path, "202")
     (tmp_path / layout.OWNER).unlink()  # the newest manifest still names its run
     with pytest.raises(ConfigError, match="belongs to run 101"):
@@ -50,6 +53,24 @@ def test_another_run_is_refused_both_resume_and_save(tmp_path):
     assert layout.committed_steps(tmp_path) == [2] and not (tmp_path / layout.OWNER).exists()
     _saved(tmp_path, "101", 4)  # the same run (a requeued job keeps its id) goes on
     assert layout.committed_steps(tmp_path) == [4]
+
+
+def test_a_resubmitted_job_takes_over_the_dir_of_a_job_that_has_ended_not_of_one_still_running(tmp_path):
+    """The everyday resume: fix the bug, sbatch again with the same --ft-ckpt-dir (a new job id). Two jobs at
+    once on one dir stay refused."""
+    _saved(tmp_path, "101", 2)
+    asked = []
+    with pytest.raises(ConfigError, match="belongs to run 101 \\(this run: 202\\), and Slurm job 101 is still "
+                                          "queued or running"):
+        _manager(tmp_path, "202", job_active=lambda job: asked.append(job) or True)
+    mgr, _ = _manager(tmp_path, "202", job_active=lambda job: asked.append(job) or False)
+    assert asked == ["101", "101"] and layout.read_owner(tmp_path) == "202"
+    assert mgr.resume() == 2
+    mgr.close()
+    named = tmp_path / "named"
+    _saved(named, "tune", 2)  # a run named by SLURM_FT_RUN_ID is no job: Slurm is not asked, the dir is not passed on
+    with pytest.raises(ConfigError, match="belongs to run tune \\(this run: 303\\); give"):
+        _manager(named, "303", job_active=lambda job: pytest.fail("asked Slurm about a run that is no job"))
 
 
 def test_adopt_takes_the_dir_over_and_keeps_the_other_runs_steps(tmp_path):

@@ -136,3 +136,22 @@ def test_failures_raise_slurm_command_error(lab, client):
         client.drain("nosuchnode", "slurm-ft: x")
     with pytest.raises(SlurmCommandError, match="Invalid job id|999999"):
         client.requeue(999999)
+
+
+def test_the_checkpoint_owner_check_reads_from_squeue_whether_a_job_has_ended(lab, monkeypatch):
+    """``slurm_job_active`` (a resubmitted job takes over the checkpoint dir of one that has ended): running is
+    active; ended (listed as such on 22.05, hidden on 25.11) and never-known ids are not."""
+    from slurm_ft.train.checkpoint import slurm_job_active
+
+    monkeypatch.setenv("SLURM_CONF", str(lab.conf_path))
+    job_id = submit(lab, "echo started\nexec sleep 300\n", "-N1")
+    try:
+        wait_for(lambda: "started" in output_of(lab, job_id), 60, message=f"job {job_id} script started")
+        assert slurm_job_active(str(job_id)) is True
+        cancel(lab, job_id)
+        wait_for(lambda: slurm_job_active(str(job_id)) is False, 60, message=f"job {job_id} seen ended")
+        assert slurm_job_active("999999") is False
+        monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")
+        assert slurm_job_active(str(job_id)) is None  # Slurm cannot say: the owner keeps its dir
+    finally:
+        cancel(lab, job_id)

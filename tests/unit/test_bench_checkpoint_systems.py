@@ -1,0 +1,61 @@
+"""``slurm-ft bench checkpoint``'s systems on this host: a mode that cannot run is reported, never fatal."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from slurm_ft.bench import checkpoint_bench as cb  # noqa: E402
+from slurm_ft.bench import ckpt_systems as cs  # noqa: E402
+from slurm_ft.bench.ckpt_peers import MEMCPY  # noqa: E402
+
+PINNED, NON_BLOCKING = "dcp.async_save thread, pinned stager", "dcp.async_save thread, non-blocking copy"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="these modes run with CUDA")
+def test_cpu_only_modes_are_unavailable_with_the_reason(tmp_path):
+    model = cs.make_model(16, 0)
+    plan = {"dir": str(tmp_path), "threads": 1}
+    usable, down = cb._setup_all([MEMCPY, PINNED, NON_BLOCKING], model, 16, plan, rank=0, world=1, group=None)
+    assert [s.info.name for s in usable] == [MEMCPY]
+    reasons = {d["system"]: d["unavailable"] for d in down}
+    assert reasons[PINNED].startswith("unavailable: Unavailable: pinned memory needs CUDA")
+    assert reasons[NON_BLOCKING].startswith("unavailable: AssertionError: Non-blocking copy")
+
+
+def test_a_failing_setup_is_reported_not_raised(tmp_path, monkeypatch):
+    def boom(self):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(cs.Memcpy, "setup", boom)
+    usable, down = cb._setup_all([MEMCPY], cs.make_model(16, 0), 16, {"dir": str(tmp_path), "threads": 1},
+                                 rank=0, world=1, group=None)
+    assert usable == [] and down == [{"size_mb": 16, "system": MEMCPY,
+                                      "unavailable": "unavailable: OSError: disk on fire"}]
+
+
+def test_model_names_are_per_rank_and_sizes_in_chunks():
+    model = cs.make_model(32, 3)
+    names = [n for n, _ in model.named_parameters()]
+    assert names == ["rank3.0", "rank3.1"]
+    assert sum(p.numel() * 4 for p in model.parameters()) == 32 * 2**20
+
+
+def test_every_named_system_builds_and_unknown_names_are_refused(tmp_path):
+    for name in cs.system_names():
+        assert cs.build(name, None, tmp_path, 1, None, 0).info.name == name
+    with pytest.raises(ValueError, match="systems: unknown"):
+        cs.build("nope", None, tmp_path, 1, None, 0)
+
+
+def test_cli_arguments(capsys):
+    config, out = cb.parse(["--sizes", "64,256", "--repeats", "3", "--system", "ours async", "--no-memory"])
+    assert config.sizes == (64, 256) and config.repeats == 3 and not config.memory
+    assert config.systems == (cs.MEMCPY, cs.DISK, "ours async")
+    for bad in (["--sizes", "x"], ["--sizes", "8"], ["--system", "nope"], ["--ranks", "0"]):
+        with pytest.raises(SystemExit):
+            cb.parse(bad)
+    assert "sizes" in capsys.readouterr().err
+
+
+def test_pss_of_this_process_is_positive():
+    assert cs.pss_tree_bytes() > 10 * 2**20

@@ -104,7 +104,9 @@ def plot_checkpoint_peers(rows: Sequence[Mapping[str, Any]], path: Path) -> str 
             ax.bar(xs, [values[s] for s in systems if values.get(s) is not None], width, label=f"{size:g} MB")
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(systems))], systems, rotation=60, ha="right",
                       fontsize=7)
-        if key != "extra_per_state":
+        if key == "extra_per_state":
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")  # issue 15's target for ours
+        else:
             ax.set_yscale("log")
         ax.set_title(label, fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)

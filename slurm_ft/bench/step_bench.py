@@ -97,6 +97,8 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
     p.add_argument("--steps", type=int, default=300, help="measured steps per rank count")
     p.add_argument("--warmup", type=int, default=30, help="steps before measuring")
     p.add_argument("--step-s", type=float, default=1.0, help="training step the cost is compared with (s)")
+    p.add_argument("--hop-us", type=float, default=30.0,
+                   help="assumed network hop for the what-if table, microseconds (default 30)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     args = p.parse_args(argv)
     try:
@@ -104,7 +106,8 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
     except ValueError:
         p.error(f"--ranks must be integers, got {args.ranks!r}")
     try:
-        config = sm.StepConfig(ranks=ranks, steps=args.steps, warmup=args.warmup, step_s=args.step_s)
+        config = sm.StepConfig(ranks=ranks, steps=args.steps, warmup=args.warmup, step_s=args.step_s,
+                               hop_us=args.hop_us)
     except ConfigError as exc:
         p.error(str(exc))
     return config, args.out

@@ -10,6 +10,11 @@ latency-bound collective. Two models are fitted to the measured per-step cost t(
 of the algorithm. Measured on one host the ranks talk over loopback, so ``alpha`` is a same-host hop (and, with
 more ranks than cores, a context switch): it says nothing about a network hop between nodes. The extrapolation is
 reported as a fraction of a training step of ``step_s`` seconds.
+
+Beside the fits, a what-if with an assumed network hop of ``hop_us`` (default 30 us: a TCP message between nodes
+on datacenter Ethernet; an assumption, not a measurement): tree ``hop * log2(P) + c1``, ring ``hop * 2(P-1) + c1``
+(gloo's ring all-reduce is a reduce-scatter then an all-gather, P-1 dependent hops each), where ``c1`` is the cost
+measured at the smallest rank count (no hop at 1 rank).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class StepConfig:
     warmup: int = 30
     step_s: float = 1.0
     extrapolate: tuple[int, ...] = EXTRAPOLATE
+    hop_us: float = 30.0
 
     def __post_init__(self) -> None:
         require(bool(self.ranks) and all(isinstance(r, int) and r >= 1 for r in self.ranks), "ranks",
@@ -49,6 +55,8 @@ class StepConfig:
                 f"must be an integer >= 0, got {self.warmup!r}")
         require(isinstance(self.step_s, (int, float)) and self.step_s > 0, "step_s",
                 f"must be > 0 seconds, got {self.step_s!r}")
+        require(isinstance(self.hop_us, (int, float)) and self.hop_us > 0, "hop_us",
+                f"must be > 0 microseconds, got {self.hop_us!r}")
         require(bool(self.extrapolate) and all(isinstance(r, int) and r >= 1 for r in self.extrapolate),
                 "extrapolate", f"must be integers >= 1, got {self.extrapolate!r}")
 
@@ -92,6 +100,17 @@ def extrapolate(fits: Sequence[Fit], ranks: Sequence[int], step_s: float) -> lis
     return rows
 
 
+def what_if(hop_s: float, fixed_s: float, ranks: Sequence[int], step_s: float) -> list[dict[str, Any]]:
+    """Per rank count: an assumed per-hop latency through a tree (log2 P hops) and gloo's ring (2(P-1) hops),
+    plus the measured fixed cost; seconds and fraction of a ``step_s`` step."""
+    rows = []
+    for p in ranks:
+        tree, ring = hop_s * math.log2(p) + fixed_s, hop_s * 2 * (p - 1) + fixed_s
+        rows.append({"ranks": p, "tree_s": tree, "tree_fraction": tree / step_s, "ring_s": ring,
+                     "ring_fraction": ring / step_s})
+    return rows
+
+
 def target(fits: Sequence[Fit], step_s: float) -> dict[str, Any]:
     """Issue 15's target, judged on the tree model as the issue states it; the ring model's figure beside it."""
     by = {f.model: f for f in fits}
@@ -108,7 +127,8 @@ def payload(config: StepConfig, measured: Sequence[dict[str, Any]], host: dict[s
     extrapolation and the target."""
     points = [(m["ranks"], m["manager_s"]) for m in measured]
     fits = [fit(name, points) for name in MODELS]
-    return {"schema": SCHEMA, "config": dataclasses.asdict(config), "host": host, "measured": list(measured),
+    fixed = min(measured, key=lambda m: m["ranks"])["manager_s"]
+    return {"what_if": what_if(config.hop_us * 1e-6, fixed, config.extrapolate, config.step_s),"schema": SCHEMA, "config": dataclasses.asdict(config), "host": host, "measured": list(measured),
             "fits": [dataclasses.asdict(f) for f in fits],
             "extrapolated": extrapolate(fits, config.extrapolate, config.step_s),
             "target": target(fits, config.step_s)}
@@ -129,6 +149,14 @@ def render(data: dict[str, Any]) -> str:
         "ranks": lambda r: f"{r['ranks']:,}", Column("tree ms", ".3f"): lambda r: r["tree_s"] * 1e3,
         Column("tree % of step", ".4%"): "tree_fraction", Column("ring ms", ".2f"): lambda r: r["ring_s"] * 1e3,
         Column("ring % of step", ".3%"): "ring_fraction"})]
+    if data.get("what_if"):
+        hop = data["config"]["hop_us"]
+        lines += ["", f"what-if, an assumed {hop:g} us network hop (tree: log2(P) hops, gloo's ring: 2(P-1) hops):",
+                  records_table(data["what_if"], {
+                      "ranks": lambda r: f"{r['ranks']:,}", Column("tree ms", ".3f"): lambda r: r["tree_s"] * 1e3,
+                      Column("tree % of step", ".4%"): "tree_fraction",
+                      Column("ring ms", ".2f"): lambda r: r["ring_s"] * 1e3,
+                      Column("ring % of step", ".3%"): "ring_fraction"})]
     t = data["target"]
     lines.append(f"target: {t['target']}: {'met' if t['met'] else 'NOT met'} ({t['fraction']:.4%}; ring model "
                  f"{t.get('ring_fraction', float('nan')):.3%})")

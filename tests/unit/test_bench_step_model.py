@@ -36,12 +36,20 @@ def test_extrapolation_and_target_arithmetic():
     assert sm.target([sm.Fit("tree", 200e-6, 0.0)], 1.0)["met"] is False  # 2 ms at 1024 ranks: 0.2%
 
 
+def test_what_if_counts_hops_of_a_tree_and_a_ring():
+    rows = sm.what_if(30e-6, 50e-6, [1, 1024], step_s=1.0)
+    assert rows[0]["tree_s"] == pytest.approx(50e-6) and rows[0]["ring_s"] == pytest.approx(50e-6)
+    assert rows[1]["tree_s"] == pytest.approx(10 * 30e-6 + 50e-6)
+    assert rows[1]["ring_fraction"] == pytest.approx(2 * 1023 * 30e-6 + 50e-6)
+
+
 def test_payload_and_render():
     measured = [{"ranks": p, "manager_s": 30e-6 * math.log2(p) + 60e-6, "manager_p90_s": 1e-4,
                  "allreduce_s": 40e-6} for p in (1, 2, 4, 8)]
     data = sm.payload(sm.StepConfig(), measured, {"cpus": 2})
     assert [f["model"] for f in data["fits"]] == ["tree", "ring"]
     assert [r["ranks"] for r in data["extrapolated"]] == list(sm.EXTRAPOLATE)
+    assert data["what_if"][0]["tree_s"] == pytest.approx(10 * 30e-6 + 60e-6)  # fixed cost: the 1-rank figure
     text = sm.render(data)
     assert "tree: t(P) = 30.00 us * log2(P) + 60.0 us" in text and "16,384" in text
     assert "target: per-step cost <= 0.1% of a 1 s step at 1024 ranks (tree model): met" in text
@@ -49,7 +57,8 @@ def test_payload_and_render():
 
 @pytest.mark.parametrize("kwargs, field", [({"ranks": (2, 2)}, "ranks"), ({"ranks": (0, 2)}, "ranks"),
                                            ({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
-                                           ({"step_s": 0}, "step_s"), ({"extrapolate": ()}, "extrapolate")])
+                                           ({"step_s": 0}, "step_s"), ({"extrapolate": ()}, "extrapolate"),
+                                           ({"hop_us": 0}, "hop_us")])
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
         sm.StepConfig(**kwargs)

@@ -1,6 +1,6 @@
 """``slurm-ft bench checkpoint``: our checkpoint manager side by side with every ``torch.distributed.checkpoint``
-save mode, for the same state, interleaved round by round, against the raw fsync'd disk write and the memcpy of
-that state (the physical limits) measured in the same rounds.
+save mode, for the same state, interleaved round by round, against the raw fsync'd disk write (as many files in
+parallel as DCP writer threads) and the memcpy of that state (the physical limits) measured in the same rounds.
 
     slurm-ft bench checkpoint [--sizes 64,256,512] [--repeats 5] [--ranks 1] [--threads 2] [--out DIR]
 

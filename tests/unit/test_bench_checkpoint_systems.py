@@ -59,3 +59,16 @@ def test_cli_arguments(capsys):
 
 def test_pss_of_this_process_is_positive():
     assert cs.pss_tree_bytes() > 10 * 2**20
+
+
+def test_raw_disk_writes_every_byte_in_parallel_files_and_cleans_up(tmp_path, monkeypatch):
+    seen = []
+    real = cs._write_fsync
+    monkeypatch.setattr(cs, "_write_fsync", lambda path, views: seen.append(sum(len(v) for v in views))
+                        or real(path, views))
+    system = cs.build(cs.DISK, cs.make_model(48, 0), tmp_path, 2, None, 0)
+    system.setup()
+    stall, commit = system.save(1)
+    assert stall == commit > 0
+    assert sorted(seen) == [16 * 2**20, 32 * 2**20]
+    assert list(system.root.iterdir()) == []

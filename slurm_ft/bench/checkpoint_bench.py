@@ -179,7 +179,8 @@ def _host(config: cp.BenchConfig) -> dict[str, Any]:
 def parse(argv: list[str] | None) -> tuple[cp.BenchConfig, Path]:
     from slurm_ft.bench.ckpt_systems import system_names
 
-    p = argparse.ArgumentParser(prog="slurm-ft bench checkpoint", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="slurm-ft bench checkpoint", description="Our checkpoint manager beside every torch.distributed.checkpoint save mode, interleaved "
+                                            "round by round, against raw fsync'd disk and memcpy.")
     p.add_argument("--sizes", default="64,256,512", help="state sizes in MB per rank, comma separated")
     p.add_argument("--repeats", type=int, default=5, help="measured rounds per size (medians)")
     p.add_argument("--threads", type=int, default=2, help="DCP writer threads per rank (every system)")

@@ -72,3 +72,39 @@ def test_raw_disk_writes_every_byte_in_parallel_files_and_cleans_up(tmp_path, mo
     assert stall == commit > 0
     assert sorted(seen) == [16 * 2**20, 32 * 2**20]
     assert list(system.root.iterdir()) == []
+
+
+@pytest.fixture
+def one_rank_group():
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    yield dist.new_group(backend="gloo")
+    dist.destroy_process_group()
+
+
+def test_a_save_that_fails_mid_run_marks_its_system_and_the_rounds_go_on(tmp_path, monkeypatch, one_rank_group):
+    def broken(self, step):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(cs.RawDisk, "save", broken)
+    plan = {"sizes": [16], "repeats": 2, "threads": 1, "dir": str(tmp_path), "systems": [MEMCPY, cs.DISK]}
+    records = cb._time_sizes(plan, rank=0, world=1, group=one_rank_group)
+    assert [r["round"] for r in records if r["system"] == MEMCPY] == [0, 1, 2]
+    assert [r for r in records if r["system"] == cs.DISK] == [
+        {"size_mb": 16, "system": cs.DISK, "unavailable": "failed: OSError: No space left on device"}]
+    assert not (tmp_path / "16MB").exists()
+
+
+def test_memory_pass_counts_the_staging_buffers(tmp_path, one_rank_group):
+    plan = {"size": 32, "system": MEMCPY, "threads": 1, "dir": str(tmp_path)}
+    [record] = cb._memory_one(plan, rank=0, world=1, group=one_rank_group)
+    assert record["system"] == MEMCPY and record["size_mb"] == 32
+    assert record["extra_mb"] > 24  # the 32 MB copy buffers, touched; generous: PSS is sampled

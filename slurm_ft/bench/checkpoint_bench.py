@@ -169,7 +169,10 @@ def _memory_one(plan: dict[str, Any], rank: int, world: int, group: Any) -> list
 def _host(config: cp.BenchConfig) -> dict[str, Any]:
     import torch
 
-    usage = shutil.disk_usage(Path(config.dir).parent if not Path(config.dir).exists() else config.dir)
+    where = Path(config.dir).absolute()
+    while not where.exists():  # the dir is made by the first save; its nearest existing ancestor's disk
+        where = where.parent
+    usage = shutil.disk_usage(where)
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
             "cuda": torch.cuda.is_available(), "platform": platform.platform(), "dir": config.dir,

@@ -108,3 +108,8 @@ def test_memory_pass_counts_the_staging_buffers(tmp_path, one_rank_group):
     [record] = cb._memory_one(plan, rank=0, world=1, group=one_rank_group)
     assert record["system"] == MEMCPY and record["size_mb"] == 32
     assert record["extra_mb"] > 24  # the 32 MB copy buffers, touched; generous: PSS is sampled
+
+
+def test_host_facts_for_a_dir_not_made_yet(tmp_path):
+    host = cb._host(cb.cp.BenchConfig(dir=str(tmp_path / "a" / "b")))
+    assert host["disk_free_gb"] > 0 and host["torch"] == torch.__version__

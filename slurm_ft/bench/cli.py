@@ -1,4 +1,4 @@
-"""``slurm-ft bench``: ``sim`` (cluster-scale ETTR projection), and ``lab``, ``checkpoint``, ``classify``.
+"""``slurm-ft bench``: ``sim`` (cluster-scale ETTR projection), and ``lab``, ``checkpoint``, ``step``, ``classify``.
 
 ``sim`` is built in. The others live in their own modules, imported only when asked for, so a build without one
 says so in one line; their arguments pass through unchanged (``slurm-ft bench lab -- --help``).
@@ -25,14 +25,16 @@ ETTR_TARGET_16K = 0.97  # issue 7: projected ETTR at 16,384 GPUs for slurm-ft
 DELEGATED = {
     "lab": ("slurm_ft.bench.lab", None, "recovery, checkpoint overhead and ETTR on the lab cluster vs baselines"),
     "checkpoint": ("slurm_ft.bench.checkpoint_bench", "bench_checkpoint.py",
-                   "checkpoint stall and throughput vs raw disk and memcpy"),
+                   "ours vs every DCP save mode: stall, commit, bandwidth vs raw disk, memory"),
+    "step": ("slurm_ft.bench.step_bench", "bench_step_collective.py",
+             "per-step cost of the manager's all-reduce at 1-8 ranks, modelled to 16k"),
     "classify": ("slurm_ft.bench.classify_bench", "bench_classify.py",
                  "classifier accuracy on real failures (--speed: verdicts per second)"),
 }
 
 
 def register(subparsers, name: str) -> None:
-    parser = subparsers.add_parser(name, help="benchmarks: sim, lab, checkpoint, classify")
+    parser = subparsers.add_parser(name, help="benchmarks: sim, lab, checkpoint, step, classify")
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     _add_sim(sub)
     for bench, (_, _, help_text) in DELEGATED.items():

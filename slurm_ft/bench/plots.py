@@ -79,6 +79,41 @@ def plot_recovery_vs_size(records: Sequence[Mapping[str, Any]], path: Path, *, v
     return _save(plt, fig, path)
 
 
+CHECKPOINT_PANELS = (("stall_s", "training stall per save (s, log)"),
+                     ("commit_s", "time to durable commit (s, log)"),
+                     ("extra_per_state", "peak extra host memory / state"))
+
+
+def plot_checkpoint_peers(rows: Sequence[Mapping[str, Any]], path: Path) -> str | None:
+    """Checkpoint peer rows (``size_mb``, ``system``, the panels' keys): one panel per figure, one bar per
+    system and size; systems that did not run are left out. Returns a note, or None."""
+    plt = _pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    usable = [r for r in rows if r.get("status") == "ok"]
+    if not usable:
+        return "no system ran: no checkpoint plot"
+    systems = list(dict.fromkeys(r["system"] for r in usable))
+    sizes = sorted({r["size_mb"] for r in usable})
+    width = 0.8 / len(sizes)
+    fig, axes = plt.subplots(1, len(CHECKPOINT_PANELS), figsize=(5.5 * len(CHECKPOINT_PANELS), 5.5))
+    for ax, (key, label) in zip(axes, CHECKPOINT_PANELS):
+        for i, size in enumerate(sizes):
+            values = {r["system"]: r.get(key) for r in usable if r["size_mb"] == size}
+            xs = [j + i * width for j, s in enumerate(systems) if values.get(s) is not None]
+            ax.bar(xs, [values[s] for s in systems if values.get(s) is not None], width, label=f"{size:g} MB")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(systems))], systems, rotation=60, ha="right",
+                      fontsize=7)
+        if key == "extra_per_state":
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")  # issue 15's target for ours
+        else:
+            ax.set_yscale("log")
+        ax.set_title(label, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(plt, fig, path)
+
+
 def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

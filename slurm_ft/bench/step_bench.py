@@ -1,0 +1,138 @@
+"""``slurm-ft bench step``: what the checkpoint manager costs per training step when it does not save.
+
+    slurm-ft bench step [--ranks 1,2,4,8] [--steps 300] [--step-s 1.0] [--out DIR]
+
+Per rank count, real processes in a gloo group on this host each build a CheckpointManager with signal handlers
+installed (as a launched job has them; auto mode does the same one all-reduce) and an interval it never reaches,
+then time ``maybe_save(step)`` for --steps steps after --warmup, back to back, and the bare gloo all-reduce of the
+same two int32s on a group of their own beside it. The per-step cost at P ranks is the median over steps of the
+slowest rank's time. The model (``slurm_ft.bench.step_model``) is fitted to those and extrapolated to 1k-16k ranks
+as a fraction of a --step-s step. With more ranks than cores the processes share cores: the 8-rank figure includes
+context switches. Outputs: the tables on stdout, step.json in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from slurm_ft.bench import step_model as sm
+from slurm_ft.errors import ConfigError
+
+DEFAULT_OUT = Path("bench/results/step")
+EVERY_NEVER = 10**12
+
+
+def _worker(rank: int, world: int, plan: dict[str, Any], out: str) -> None:
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+
+    logging.getLogger("slurm_ft").addHandler(logging.StreamHandler(sys.stderr))
+    logging.getLogger("slurm_ft").setLevel(logging.WARNING)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    mgr = CheckpointManager(CheckpointConfig(dir=plan["dir"], every=EVERY_NEVER), model=torch.nn.Linear(4, 4))
+    mgr.install_signal_handlers()
+    bare = dist.new_group(backend="gloo")
+    flags = torch.zeros(2, dtype=torch.int32)
+    times: dict[str, list[float]] = {"manager": [], "allreduce": []}
+    for i in range(plan["warmup"] + plan["steps"]):
+        start = time.perf_counter()
+        saved = mgr.maybe_save(i + 1)
+        middle = time.perf_counter()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=bare)
+        end = time.perf_counter()
+        if saved:
+            raise RuntimeError(f"maybe_save saved at step {i + 1}: the benchmark must not save")
+        if i >= plan["warmup"]:
+            times["manager"].append(middle - start)
+            times["allreduce"].append(end - middle)
+    mgr.close()
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, times)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def slowest_rank(per_rank: list[list[float]]) -> list[float]:
+    """Per step, the slowest rank's time (the step waits for it)."""
+    return [max(step) for step in zip(*per_rank)]
+
+
+def measure(world: int, plan: dict[str, Any]) -> dict[str, Any]:
+    """One rank count: median and p90 of the slowest rank's per-step times."""
+    import torch.multiprocessing as mp
+
+    from slurm_ft.bench.checkpoint_bench import _free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        out = Path(tmp) / "times.json"
+        mp.spawn(_worker, args=(world, {**plan, "dir": str(Path(tmp) / "ckpt")}, str(out)), nprocs=world)
+        ranks = json.loads(out.read_text())
+    manager = slowest_rank([r["manager"] for r in ranks])
+    bare = slowest_rank([r["allreduce"] for r in ranks])
+    p90 = sorted(manager)[int(0.9 * (len(manager) - 1))]
+    return {"ranks": world, "manager_s": statistics.median(manager), "manager_p90_s": p90,
+            "allreduce_s": statistics.median(bare)}
+
+
+def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
+    p = argparse.ArgumentParser(prog="slurm-ft bench step", description="What the checkpoint manager's one all-reduce per step costs at 1-8 gloo "
+                                            "ranks, modelled to 1k-16k ranks.")
+    p.add_argument("--ranks", default="1,2,4,8", help="rank counts, comma separated (default 1,2,4,8)")
+    p.add_argument("--steps", type=int, default=300, help="measured steps per rank count")
+    p.add_argument("--warmup", type=int, default=30, help="steps before measuring")
+    p.add_argument("--step-s", type=float, default=1.0, help="training step the cost is compared with (s)")
+    p.add_argument("--hop-us", type=float, default=30.0,
+                   help="assumed network hop for the what-if table, microseconds (default 30)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    args = p.parse_args(argv)
+    try:
+        ranks = tuple(int(r) for r in args.ranks.split(","))
+    except ValueError:
+        p.error(f"--ranks must be integers, got {args.ranks!r}")
+    try:
+        config = sm.StepConfig(ranks=ranks, steps=args.steps, warmup=args.warmup, step_s=args.step_s,
+                               hop_us=args.hop_us)
+    except ConfigError as exc:
+        p.error(str(exc))
+    return config, args.out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    config, out = parse(argv)
+    plan = {"steps": config.steps, "warmup": config.warmup}
+    measured = []
+    for world in config.ranks:
+        print(f"{world} rank(s)...", file=sys.stderr, flush=True)
+        measured.append(measure(world, plan))
+    host = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform()}
+    data = sm.payload(config, measured, host)
+    print(sm.render(data))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "step.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / "step.txt").write_text(sm.render(data) + "\n")
+    print(f"wrote {out / 'step.json'}, {out / 'step.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``slurm-ft bench step``'s model: fits, extrapolation, the target, the config."""
+
+import math
+
+import pytest
+
+from slurm_ft.bench import step_model as sm
+from slurm_ft.errors import ConfigError
+
+
+def test_fit_recovers_a_tree_and_a_ring_exactly():
+    tree = sm.fit("tree", [(p, 20e-6 * math.log2(p) + 50e-6) for p in (1, 2, 4, 8)])
+    assert tree.alpha_s == pytest.approx(20e-6) and tree.beta_s == pytest.approx(50e-6)
+    assert tree.predict_s(1024) == pytest.approx(250e-6)
+    ring = sm.fit("ring", [(p, 10e-6 * (p - 1) + 40e-6) for p in (1, 2, 4, 8)])
+    assert ring.alpha_s == pytest.approx(10e-6) and ring.predict_s(1024) == pytest.approx(10e-6 * 1023 + 40e-6)
+
+
+def test_fit_clamps_a_falling_cost_and_refuses_one_point():
+    flat = sm.fit("tree", [(1, 3.0), (2, 1.0)])
+    assert flat.alpha_s == 0.0 and flat.beta_s == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="points"):
+        sm.fit("tree", [(4, 1.0), (4, 2.0)])
+    with pytest.raises(ValueError, match="model"):
+        sm.fit("star", [(1, 1.0), (2, 2.0)])
+
+
+def test_extrapolation_and_target_arithmetic():
+    fits = [sm.Fit("tree", 50e-6, 100e-6), sm.Fit("ring", 10e-6, 100e-6)]
+    rows = sm.extrapolate(fits, [1024, 16384], step_s=2.0)
+    assert rows[0]["tree_s"] == pytest.approx(600e-6) and rows[0]["tree_fraction"] == pytest.approx(300e-6)
+    assert rows[1]["ring_s"] == pytest.approx(10e-6 * 16383 + 100e-6)
+    t = sm.target(fits, step_s=1.0)
+    assert t["fraction"] == pytest.approx(600e-6) and t["met"] is True
+    assert t["ring_fraction"] == pytest.approx(10e-6 * 1023 + 100e-6)
+    assert sm.target([sm.Fit("tree", 200e-6, 0.0)], 1.0)["met"] is False  # 2 ms at 1024 ranks: 0.2%
+
+
+def test_what_if_counts_hops_of_a_tree_and_a_ring():
+    rows = sm.what_if(30e-6, 50e-6, [1, 1024], step_s=1.0)
+    assert rows[0]["tree_s"] == pytest.approx(50e-6) and rows[0]["ring_s"] == pytest.approx(50e-6)
+    assert rows[1]["tree_s"] == pytest.approx(10 * 30e-6 + 50e-6)
+    assert rows[1]["ring_fraction"] == pytest.approx(2 * 1023 * 30e-6 + 50e-6)
+
+
+def test_payload_and_render():
+    measured = [{"ranks": p, "manager_s": 30e-6 * math.log2(p) + 60e-6, "manager_p90_s": 1e-4,
+                 "allreduce_s": 40e-6} for p in (1, 2, 4, 8)]
+    data = sm.payload(sm.StepConfig(), measured, {"cpus": 2})
+    assert [f["model"] for f in data["fits"]] == ["tree", "ring"]
+    assert [r["ranks"] for r in data["extrapolated"]] == list(sm.EXTRAPOLATE)
+    assert data["what_if"][0]["tree_s"] == pytest.approx(10 * 30e-6 + 60e-6)  # fixed cost: the 1-rank figure
+    text = sm.render(data)
+    assert "tree: t(P) = 30.00 us * log2(P) + 60.0 us" in text and "16,384" in text
+    assert "target: per-step cost <= 0.1% of a 1 s step at 1024 ranks (tree model): met" in text
+
+
+@pytest.mark.parametrize("kwargs, field", [({"ranks": (2, 2)}, "ranks"), ({"ranks": (0, 2)}, "ranks"),
+                                           ({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
+                                           ({"step_s": 0}, "step_s"), ({"extrapolate": ()}, "extrapolate"),
+                                           ({"hop_us": 0}, "hop_us")])
+def test_config_errors_name_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=f"^{field}:"):
+        sm.StepConfig(**kwargs)
+
+
+def test_slowest_rank_per_step_and_cli_parse():
+    from slurm_ft.bench import step_bench
+
+    assert step_bench.slowest_rank([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
+    config, _ = step_bench.parse(["--ranks", "1,2", "--steps", "10"])
+    assert config.ranks == (1, 2) and config.steps == 10
+    with pytest.raises(SystemExit):
+        step_bench.parse(["--ranks", "4"])
+
+
+def test_bench_step_and_checkpoint_are_delegated(monkeypatch):
+    import sys
+    import types
+
+    from slurm_ft.cli import main
+
+    seen = []
+    for name in ("slurm_ft.bench.step_bench", "slurm_ft.bench.checkpoint_bench"):
+        fake = types.ModuleType(name)
+        fake.main = lambda argv, name=name: seen.append((name, argv)) or 0
+        monkeypatch.setitem(sys.modules, name, fake)
+    assert main(["bench", "step", "--ranks", "1,2"]) == 0
+    assert main(["bench", "checkpoint", "--sizes", "64"]) == 0
+    assert seen == [("slurm_ft.bench.step_bench", ["--ranks", "1,2"]),
+                    ("slurm_ft.bench.checkpoint_bench", ["--sizes", "64"])]

@@ -317,6 +317,7 @@ class CheckpointManager:
         self._interval = AdaptiveInterval(config.auto_interval) if config.auto and self.rank == 0 else None
         self._interval_lock = threading.Lock()  # the save thread feeds the estimator, the main thread reads it
         self._train_since = self._running_since = clock()
+        self._agreement: tuple[Any, torch.Tensor] | None = None  # the all-reduce in flight (_agree)
 
     # ---- ownership (run identity) ----
     def _claim(self) -> None:
@@ -482,6 +483,8 @@ class CheckpointManager:
         """Wait for the in-flight save, restore signal handlers, release the manager's groups. Then raise
         CheckpointError when the run's last save failed: a run must not end as if its final state were saved."""
         self.wait()
+        if self._ctl_group is not None:
+            self._finish_agreement()  # every rank started it; its flags no longer matter
         self._disarm_watchdog()
         for sig, old in self._signals.items():
             signal.signal(sig, old)
@@ -536,19 +539,33 @@ class CheckpointManager:
             self._watchdog = None
 
     def _agree(self) -> tuple[int, bool]:
-        """(emergency signal any rank got or 0, whether rank 0 finds a save due), the same on every rank: one
-        gloo all-reduce(MAX) per step, once signal handlers are installed and always in auto mode."""
+        """(emergency signal any rank got or 0, whether rank 0 finds a save due), the same on every rank, once
+        signal handlers are installed and always in auto mode. Pipelined off the critical path: each call starts
+        a gloo all-reduce(MAX) of this step's flags without waiting for it, and acts on the previous call's, which
+        had a whole training step to finish. Every rank acts on the same flags at the same step, one step after
+        they were raised: a signal is saved one step later, well inside the emergency deadline."""
         if not self._signals and not self.config.auto:
             return 0, False
         flags = [self._signal_received or 0, int(self._save_due())]
         if self._distributed:
+            agreed = self._finish_agreement() or [0, 0]
             tensor = torch.tensor(flags, dtype=torch.int32)
-            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl_group)
-            flags = tensor.tolist()
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl_group, async_op=True)
+            self._agreement = (work, tensor)
+            flags = agreed
         signum, due = flags
         if signum:
             self._arm(signum)  # a peer got it: same deadline, counted from now
         return signum, bool(due)
+
+    def _finish_agreement(self) -> list[int] | None:
+        """Wait for the all-reduce the previous ``_agree`` started; its agreed flags, or None when none ran."""
+        if self._agreement is None:
+            return None
+        work, tensor = self._agreement
+        self._agreement = None
+        work.wait()
+        return tensor.tolist()
 
     def _emergency_save(self, step: int) -> None:
         left = self._deadline_at - time.monotonic()

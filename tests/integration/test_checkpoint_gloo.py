@@ -55,11 +55,12 @@ def test_ddp_emergency_signal_on_one_rank_saves_everywhere_and_resumes_bitwise(t
     common = ("--steps", "6", "--ckpt-every", "100", "--parallel", "ddp")
     clean = _result(_run(tmp_path / "clean", 2, *common))
     stopped = _result(_run(tmp_path / "ft", 2, *common, "--signal-at", "1:4"))  # SIGUSR1 to rank 1 only
-    assert stopped["emergency"] and stopped["step"] == 4
-    assert layout.committed_steps(tmp_path / "ft") == [4]
-    assert layout.read_manifest(layout.step_dir(tmp_path / "ft", 4)).world_size == 2
+    # the ranks agree one step after the signal (the agreement is pipelined off the critical path), all at step 5
+    assert stopped["emergency"] and stopped["step"] == 5
+    assert layout.committed_steps(tmp_path / "ft") == [5]
+    assert layout.read_manifest(layout.step_dir(tmp_path / "ft", 5)).world_size == 2
     resumed = _result(_run(tmp_path / "ft", 2, *common))
-    assert (resumed["resumed_from"], resumed["resumed_sha256"]) == (4, stopped["param_sha256"])
+    assert (resumed["resumed_from"], resumed["resumed_sha256"]) == (5, stopped["param_sha256"])
     assert resumed["param_sha256"] == clean["param_sha256"]
 
 

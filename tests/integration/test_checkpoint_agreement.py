@@ -1,0 +1,63 @@
+"""The per-step agreement (emergency signals, the auto interval) is off the critical path: a rank's
+``maybe_save`` does not wait for its peers' in the same step, and every rank still acts on the same flags at the
+same step. Two real processes over gloo."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+
+pytestmark = pytest.mark.gloo
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(rank: int, port: int, ckpt: str, rank0_done, out) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    mgr = CheckpointManager(CheckpointConfig(dir=ckpt, every=1000, async_save=False), model=nn.Linear(2, 2))
+    mgr.install_signal_handlers(signals=(signal.SIGUSR1,))
+    if rank == 0:
+        mgr.maybe_save(1)  # blocked here until rank 1 joined when the agreement waited in the same step
+        rank0_done.set()
+    else:
+        assert rank0_done.wait(60), "rank 0's maybe_save(1) waited for rank 1"
+        os.kill(os.getpid(), signal.SIGUSR1)  # rank 1 alone gets the signal, during step 1
+        mgr.maybe_save(1)
+    saved_at = None
+    for step in (2, 3):
+        if mgr.maybe_save(step):
+            saved_at = step
+            break
+    out.put((rank, saved_at, mgr.exit_requested))
+    mgr.close()
+    dist.destroy_process_group()
+
+
+def test_a_rank_does_not_wait_for_its_peers_agreement_and_all_act_on_it_at_the_same_step():
+    ctx = mp.get_context("spawn")
+    rank0_done, out = ctx.Event(), ctx.Queue()
+    with tempfile.TemporaryDirectory() as ckpt:
+        port = _free_port()
+        procs = [ctx.Process(target=_rank, args=(r, port, ckpt, rank0_done, out)) for r in range(2)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+        assert [p.exitcode for p in procs] == [0, 0]
+        results = sorted(out.get(timeout=5) for _ in procs)
+    assert results == [(0, 2, True), (1, 2, True)]  # rank 1's signal in step 1: both save at step 2, then stop

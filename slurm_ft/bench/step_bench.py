@@ -4,8 +4,10 @@
 
 Per rank count, real processes in a gloo group on this host each build a CheckpointManager with signal handlers
 installed (as a launched job has them; auto mode does the same one all-reduce) and an interval it never reaches,
-then time ``maybe_save(step)`` for --steps steps after --warmup, back to back, and the bare gloo all-reduce of the
-same two int32s on a group of their own beside it. The per-step cost at P ranks is the median over steps of the
+then, for --steps steps after --warmup, sleep --compute-ms (the step's compute), time ``maybe_save(step)`` and
+the bare gloo all-reduce of the same two int32s on a group of their own beside it. The manager's agreement is
+pipelined (started in one step, waited for in the next), so ``maybe_save`` measures what stays on the critical
+path; the bare all-reduce measures the collective itself. The per-step cost at P ranks is the median over steps of the
 slowest rank's time. The model (``slurm_ft.bench.step_model``) is fitted to those and extrapolated to 1k-16k ranks
 as a fraction of a --step-s step. With more ranks than cores the processes share cores: the 8-rank figure includes
 context switches. Outputs: the tables on stdout, step.json in --out.
@@ -49,6 +51,7 @@ def _worker(rank: int, world: int, plan: dict[str, Any], out: str) -> None:
     flags = torch.zeros(2, dtype=torch.int32)
     times: dict[str, list[float]] = {"manager": [], "allreduce": []}
     for i in range(plan["warmup"] + plan["steps"]):
+        time.sleep(plan["compute_s"])  # the training step's compute: the pipelined agreement runs meanwhile
         start = time.perf_counter()
         saved = mgr.maybe_save(i + 1)
         middle = time.perf_counter()
@@ -98,6 +101,8 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
     p.add_argument("--steps", type=int, default=300, help="measured steps per rank count")
     p.add_argument("--warmup", type=int, default=30, help="steps before measuring")
     p.add_argument("--step-s", type=float, default=1.0, help="training step the cost is compared with (s)")
+    p.add_argument("--compute-ms", type=float, default=20.0,
+                   help="simulated compute per training step (a sleep), during which the agreement runs (default 20)")
     p.add_argument("--hop-us", type=float, default=30.0,
                    help="assumed network hop for the what-if table, microseconds (default 30)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -108,7 +113,7 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
         p.error(f"--ranks must be integers, got {args.ranks!r}")
     try:
         config = sm.StepConfig(ranks=ranks, steps=args.steps, warmup=args.warmup, step_s=args.step_s,
-                               hop_us=args.hop_us)
+                               hop_us=args.hop_us, compute_ms=args.compute_ms)
     except ConfigError as exc:
         p.error(str(exc))
     return config, args.out
@@ -118,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     config, out = parse(argv)
-    plan = {"steps": config.steps, "warmup": config.warmup}
+    plan = {"steps": config.steps, "warmup": config.warmup, "compute_s": config.compute_ms / 1e3}
     measured = []
     for world in config.ranks:
         print(f"{world} rank(s)...", file=sys.stderr, flush=True)

@@ -1,7 +1,10 @@
 """The pure half of ``slurm-ft bench step``: the per-step collective's cost model and its extrapolation.
 
 The manager's per-step agreement (``CheckpointManager._agree``) is one gloo all-reduce(MAX) of two int32s: a
-latency-bound collective. Two models are fitted to the measured per-step cost t(P) at P ranks, least squares:
+latency-bound collective, pipelined: started in one step, waited for in the next. What a step pays is the
+manager's fixed overhead (``maybe_save`` measured with the collective already done) plus whatever part of the
+collective a training step of ``step_s`` does not hide: ``overhead + max(0, t(P) - step_s)``. Two models are
+fitted to the measured bare all-reduce t(P) at P ranks, least squares:
 
     tree:  t(P) = alpha * log2(P) + beta     (a latency-optimal all-reduce: recursive doubling, a tree)
     ring:  t(P) = alpha * (P - 1) + beta     (a ring: 2(P-1) sequential steps; gloo's default algorithm)
@@ -44,6 +47,7 @@ class StepConfig:
     step_s: float = 1.0
     extrapolate: tuple[int, ...] = EXTRAPOLATE
     hop_us: float = 30.0
+    compute_ms: float = 20.0
 
     def __post_init__(self) -> None:
         require(bool(self.ranks) and all(isinstance(r, int) and r >= 1 for r in self.ranks), "ranks",
@@ -55,6 +59,8 @@ class StepConfig:
                 f"must be an integer >= 0, got {self.warmup!r}")
         require(isinstance(self.step_s, (int, float)) and self.step_s > 0, "step_s",
                 f"must be > 0 seconds, got {self.step_s!r}")
+        require(isinstance(self.compute_ms, (int, float)) and self.compute_ms >= 0, "compute_ms",
+                f"must be >= 0 milliseconds, got {self.compute_ms!r}")
         require(isinstance(self.hop_us, (int, float)) and self.hop_us > 0, "hop_us",
                 f"must be > 0 microseconds, got {self.hop_us!r}")
         require(bool(self.extrapolate) and all(isinstance(r, int) and r >= 1 for r in self.extrapolate),
@@ -88,50 +94,57 @@ def fit(model: str, points: Sequence[tuple[int, float]]) -> Fit:
     return Fit(model, alpha, my - alpha * mx)
 
 
-def extrapolate(fits: Sequence[Fit], ranks: Sequence[int], step_s: float) -> list[dict[str, Any]]:
-    """One row per rank count: each model's predicted seconds and fraction of a ``step_s`` step."""
+def exposed_s(collective_s: float, overhead_s: float, step_s: float) -> float:
+    """What a step pays for a pipelined collective: the fixed overhead plus the part the step does not hide."""
+    return overhead_s + max(0.0, collective_s - step_s)
+
+
+def extrapolate(fits: Sequence[Fit], ranks: Sequence[int], step_s: float, overhead_s: float) -> list[dict[str, Any]]:
+    """One row per rank count: each model's collective seconds and, pipelined, the fraction of a step it costs."""
     rows = []
     for p in ranks:
         row: dict[str, Any] = {"ranks": p}
         for f in fits:
             row[f"{f.model}_s"] = f.predict_s(p)
-            row[f"{f.model}_fraction"] = f.predict_s(p) / step_s
+            row[f"{f.model}_fraction"] = exposed_s(f.predict_s(p), overhead_s, step_s) / step_s
         rows.append(row)
     return rows
 
 
-def what_if(hop_s: float, fixed_s: float, ranks: Sequence[int], step_s: float) -> list[dict[str, Any]]:
-    """Per rank count: an assumed per-hop latency through a tree (log2 P hops) and gloo's ring (2(P-1) hops),
-    plus the measured fixed cost; seconds and fraction of a ``step_s`` step."""
+def what_if(hop_s: float, overhead_s: float, ranks: Sequence[int], step_s: float) -> list[dict[str, Any]]:
+    """Per rank count: an assumed per-hop latency through a tree (log2 P hops) and gloo's ring (2(P-1) hops);
+    the collective's seconds and, pipelined, the fraction of a ``step_s`` step it costs."""
     rows = []
     for p in ranks:
-        tree, ring = hop_s * math.log2(p) + fixed_s, hop_s * 2 * (p - 1) + fixed_s
-        rows.append({"ranks": p, "tree_s": tree, "tree_fraction": tree / step_s, "ring_s": ring,
-                     "ring_fraction": ring / step_s})
+        tree, ring = hop_s * math.log2(p), hop_s * 2 * (p - 1)
+        rows.append({"ranks": p, "tree_s": tree, "tree_fraction": exposed_s(tree, overhead_s, step_s) / step_s,
+                     "ring_s": ring, "ring_fraction": exposed_s(ring, overhead_s, step_s) / step_s})
     return rows
 
 
-def target(fits: Sequence[Fit], step_s: float) -> dict[str, Any]:
-    """Issue 15's target, judged on the tree model as the issue states it; the ring model's figure beside it."""
-    by = {f.model: f for f in fits}
-    tree = by["tree"].predict_s(TARGET_RANKS) / step_s
-    out = {"target": f"per-step cost <= {TARGET_FRACTION:.1%} of a {step_s:g} s step at {TARGET_RANKS} ranks "
-                     "(tree model)", "fraction": tree, "met": tree <= TARGET_FRACTION}
-    if "ring" in by:
-        out["ring_fraction"] = by["ring"].predict_s(TARGET_RANKS) / step_s
-    return out
+def target(rows: Sequence[dict[str, Any]], step_s: float) -> dict[str, Any]:
+    """Issue 15's target on the pipelined cost at 1024 ranks, judged on the worse of the two what-if collectives
+    (gloo's ring)."""
+    row = next(r for r in rows if r["ranks"] == TARGET_RANKS)
+    worst = max(row["tree_fraction"], row["ring_fraction"])
+    return {"target": f"per-step cost <= {TARGET_FRACTION:.1%} of a {step_s:g} s step at {TARGET_RANKS} ranks "
+                      "(pipelined agreement, the worse of tree and ring)", "fraction": worst,
+            "met": worst <= TARGET_FRACTION, "ring_fraction": row["ring_fraction"]}
 
 
 def payload(config: StepConfig, measured: Sequence[dict[str, Any]], host: dict[str, Any]) -> dict[str, Any]:
-    """JSON-ready: config, host, the measured rows (``ranks``, ``manager_s``, ``allreduce_s``), fits,
-    extrapolation and the target."""
-    points = [(m["ranks"], m["manager_s"]) for m in measured]
+    """JSON-ready: config, host, the measured rows (``ranks``, ``manager_s``, ``allreduce_s``), fits of the bare
+    all-reduce, the pipelined extrapolation and what-if, and the target. The overhead is the largest measured
+    ``maybe_save`` (conservative: on this host it includes waiting for a collective the sleep did not hide)."""
+    points = [(m["ranks"], m["allreduce_s"]) for m in measured]
     fits = [fit(name, points) for name in MODELS]
-    fixed = min(measured, key=lambda m: m["ranks"])["manager_s"]
-    return {"what_if": what_if(config.hop_us * 1e-6, fixed, config.extrapolate, config.step_s),"schema": SCHEMA, "config": dataclasses.asdict(config), "host": host, "measured": list(measured),
-            "fits": [dataclasses.asdict(f) for f in fits],
-            "extrapolated": extrapolate(fits, config.extrapolate, config.step_s),
-            "target": target(fits, config.step_s)}
+    overhead = max(m["manager_s"] for m in measured)
+    extent = sorted(set(config.extrapolate) | {TARGET_RANKS})
+    what = what_if(config.hop_us * 1e-6, overhead, extent, config.step_s)
+    return {"schema": SCHEMA, "config": dataclasses.asdict(config), "host": host, "measured": list(measured),
+            "fits": [dataclasses.asdict(f) for f in fits], "overhead_s": overhead,
+            "extrapolated": extrapolate(fits, config.extrapolate, config.step_s, overhead),
+            "what_if": what, "target": target(what, config.step_s)}
 
 
 def render(data: dict[str, Any]) -> str:
@@ -144,7 +157,8 @@ def render(data: dict[str, Any]) -> str:
                                               Column("p90 us", ".1f"): us("manager_p90_s")}), ""]
     for f in data["fits"]:
         x = "log2(P)" if f["model"] == "tree" else "(P-1)"
-        lines.append(f"{f['model']}: t(P) = {f['alpha_s'] * 1e6:.2f} us * {x} + {f['beta_s'] * 1e6:.1f} us")
+        lines.append(f"{f['model']}: all-reduce t(P) = {f['alpha_s'] * 1e6:.2f} us * {x} + {f['beta_s'] * 1e6:.1f} us")
+    lines.append(f"pipelined: a step pays {data['overhead_s'] * 1e6:.1f} us + max(0, t(P) - step); % of step below")
     lines += ["", records_table(data["extrapolated"], {
         "ranks": lambda r: f"{r['ranks']:,}", Column("tree ms", ".3f"): lambda r: r["tree_s"] * 1e3,
         Column("tree % of step", ".4%"): "tree_fraction", Column("ring ms", ".2f"): lambda r: r["ring_s"] * 1e3,
@@ -158,6 +172,5 @@ def render(data: dict[str, Any]) -> str:
                       Column("ring ms", ".2f"): lambda r: r["ring_s"] * 1e3,
                       Column("ring % of step", ".3%"): "ring_fraction"})]
     t = data["target"]
-    lines.append(f"target: {t['target']}: {'met' if t['met'] else 'NOT met'} ({t['fraction']:.4%}; ring model "
-                 f"{t.get('ring_fraction', float('nan')):.3%})")
+    lines.append(f"target: {t['target']}: {'met' if t['met'] else 'NOT met'} ({t['fraction']:.4%})")
     return "\n".join(lines)

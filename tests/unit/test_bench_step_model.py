@@ -27,38 +27,48 @@ def test_fit_clamps_a_falling_cost_and_refuses_one_point():
 
 def test_extrapolation_and_target_arithmetic():
     fits = [sm.Fit("tree", 50e-6, 100e-6), sm.Fit("ring", 10e-6, 100e-6)]
-    rows = sm.extrapolate(fits, [1024, 16384], step_s=2.0)
-    assert rows[0]["tree_s"] == pytest.approx(600e-6) and rows[0]["tree_fraction"] == pytest.approx(300e-6)
+    rows = sm.extrapolate(fits, [1024, 16384], step_s=2.0, overhead_s=50e-6)
+    assert rows[0]["tree_s"] == pytest.approx(600e-6)
+    assert rows[0]["tree_fraction"] == pytest.approx(50e-6 / 2.0)  # pipelined: 0.6 ms hides in a 2 s step
     assert rows[1]["ring_s"] == pytest.approx(10e-6 * 16383 + 100e-6)
-    t = sm.target(fits, step_s=1.0)
-    assert t["fraction"] == pytest.approx(600e-6) and t["met"] is True
-    assert t["ring_fraction"] == pytest.approx(10e-6 * 1023 + 100e-6)
-    assert sm.target([sm.Fit("tree", 200e-6, 0.0)], 1.0)["met"] is False  # 2 ms at 1024 ranks: 0.2%
 
 
-def test_what_if_counts_hops_of_a_tree_and_a_ring():
-    rows = sm.what_if(30e-6, 50e-6, [1, 1024], step_s=1.0)
-    assert rows[0]["tree_s"] == pytest.approx(50e-6) and rows[0]["ring_s"] == pytest.approx(50e-6)
-    assert rows[1]["tree_s"] == pytest.approx(10 * 30e-6 + 50e-6)
-    assert rows[1]["ring_fraction"] == pytest.approx(2 * 1023 * 30e-6 + 50e-6)
+def test_a_pipelined_collective_costs_its_overhead_plus_what_the_step_does_not_hide():
+    assert sm.exposed_s(0.4, 50e-6, 1.0) == pytest.approx(50e-6)
+    assert sm.exposed_s(1.5, 50e-6, 1.0) == pytest.approx(0.5 + 50e-6)
+
+
+def test_what_if_counts_hops_of_a_tree_and_a_ring_and_the_target_takes_the_worse():
+    rows = sm.what_if(30e-6, 50e-6, [1, 1024, 16384], step_s=1.0)
+    assert rows[0]["tree_s"] == 0.0 and rows[0]["ring_s"] == 0.0
+    assert rows[1]["tree_s"] == pytest.approx(10 * 30e-6) and rows[1]["ring_s"] == pytest.approx(2 * 1023 * 30e-6)
+    assert rows[1]["ring_fraction"] == pytest.approx(50e-6)  # 61 ms of ring hides in a 1 s step
+    assert rows[2]["ring_fraction"] == pytest.approx(50e-6)  # 983 ms still hides in a 1 s step
+    [short] = sm.what_if(30e-6, 50e-6, [16384], step_s=0.5)  # not in a 0.5 s step: the rest shows
+    assert short["ring_fraction"] == pytest.approx((2 * 16383 * 30e-6 - 0.5 + 50e-6) / 0.5)
+    t = sm.target(rows, 1.0)
+    assert t["met"] is True and t["fraction"] == pytest.approx(50e-6)
+    slow = sm.what_if(30e-6, 2e-3, [1024], step_s=1.0)  # 2 ms of overhead per step: 0.2%
+    assert sm.target(slow, 1.0)["met"] is False
 
 
 def test_payload_and_render():
-    measured = [{"ranks": p, "manager_s": 30e-6 * math.log2(p) + 60e-6, "manager_p90_s": 1e-4,
-                 "allreduce_s": 40e-6} for p in (1, 2, 4, 8)]
+    measured = [{"ranks": p, "manager_s": 60e-6, "manager_p90_s": 1e-4,
+                 "allreduce_s": 30e-6 * math.log2(p) + 60e-6} for p in (1, 2, 4, 8)]
     data = sm.payload(sm.StepConfig(), measured, {"cpus": 2})
     assert [f["model"] for f in data["fits"]] == ["tree", "ring"]
     assert [r["ranks"] for r in data["extrapolated"]] == list(sm.EXTRAPOLATE)
-    assert data["what_if"][0]["tree_s"] == pytest.approx(10 * 30e-6 + 60e-6)  # fixed cost: the 1-rank figure
+    assert data["overhead_s"] == pytest.approx(60e-6)
     text = sm.render(data)
-    assert "tree: t(P) = 30.00 us * log2(P) + 60.0 us" in text and "16,384" in text
-    assert "target: per-step cost <= 0.1% of a 1 s step at 1024 ranks (tree model): met" in text
+    assert "tree: all-reduce t(P) = 30.00 us * log2(P) + 60.0 us" in text and "16,384" in text
+    assert "pipelined: a step pays 60.0 us + max(0, t(P) - step)" in text
+    assert "(pipelined agreement, the worse of tree and ring): met" in text
 
 
 @pytest.mark.parametrize("kwargs, field", [({"ranks": (2, 2)}, "ranks"), ({"ranks": (0, 2)}, "ranks"),
                                            ({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
                                            ({"step_s": 0}, "step_s"), ({"extrapolate": ()}, "extrapolate"),
-                                           ({"hop_us": 0}, "hop_us")])
+                                           ({"hop_us": 0}, "hop_us"), ({"compute_ms": -1}, "compute_ms")])
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
         sm.StepConfig(**kwargs)

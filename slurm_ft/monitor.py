@@ -61,6 +61,7 @@ from slurm_ft.classify.taxonomy import Action, Verdict
 from slurm_ft.config import require
 from slurm_ft.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.metrics import Metrics
+from slurm_ft.quarantine import StoreCorrupt
 from slurm_ft.registry import FtJob, registry_path
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo, SlurmClient
 
@@ -158,17 +159,9 @@ def registered_but_unlisted(state_dir: Path, listed: set[int], closed: set[int])
 def read_registration_file(state_dir: Path, job_id: int) -> FtJob:
     """The registry entry of a job Slurm no longer lists: trusted when root (the prolog) or its owner (the
     launcher, as the job's user) wrote it, the owner then being the job's uid."""
-    path = registry_path(state_dir, job_id)
-    owner = os.lstat(path).st_uid
-    data = read_trusted_json(path, {0, os.geteuid(), owner})
-    if not isinstance(data, dict):
-        raise ValueError(f"registry entry of job {job_id} is not a JSON object")
-    uid = data.get("user_id")
-    if owner not in (0, os.geteuid()) and uid not in (None, owner):
-        raise ValueError(f"registry entry of job {job_id} names uid {uid}, its file is owned by uid {owner}")
-    stand_in = JobInfo(job_id=job_id, user_id=owner if owner not in (0, os.geteuid()) else uid,
-                       state=JobState.UNKNOWN)
-    found = read_registration(state_dir, stand_in)
+    owner = os.lstat(registry_path(state_dir, job_id)).st_uid
+    user = None if owner in (0, os.geteuid()) else owner  # read_registration checks the entry names that uid
+    found = read_registration(state_dir, JobInfo(job_id=job_id, user_id=user, state=JobState.UNKNOWN))
     if found is None:
         raise ValueError(f"registry entry of job {job_id} vanished")
     return found
@@ -482,7 +475,7 @@ class Monitor:
                                                  if str(getattr(r, "state", "")).endswith("quarantined")))
                 self.metrics.set_store_ok(True)
             except Exception as exc:
-                self.metrics.set_store_ok(type(exc).__name__ != "StoreCorrupt")
+                self.metrics.set_store_ok(not isinstance(exc, StoreCorrupt))
                 self._event("quarantine_error", error=f"{type(exc).__name__}: {exc}")
         return acted
 
@@ -558,7 +551,7 @@ class Monitor:
         if self.config.dry_run:
             return 1
         decision = Decision(requeue=False, category=verdict.category.value, reason=reason, resume_step=resume_step)
-        self._tell_user(job, decision, stop_comment(decision.category, reason, verdict.evidence[:3]))
+        self._tell_user(job, ft, decision, stop_comment(decision.category, reason, verdict.evidence[:3]))
         self._set(job, JobStatus.GONE)
         return 1
 
@@ -664,7 +657,7 @@ class Monitor:
             self._strike(job, verdict, decision)
             self._requeue(job, decision)
         else:
-            self._stop(job, decision, verdict, cancel=cancel_on_stop)
+            self._stop(job, ft, decision, verdict, cancel=cancel_on_stop)
         return 1
 
     def _strike(self, job: JobInfo, verdict: Verdict, decision: Decision) -> None:
@@ -721,7 +714,7 @@ class Monitor:
         self._event("job_requeued", job_id=job_id, restart=restart_count + 1, excluded=detail["excluded"],
                     comment=detail["comment"])
 
-    def _stop(self, job: JobInfo, decision: Decision, verdict: Verdict, *, cancel: bool = False) -> None:
+    def _stop(self, job: JobInfo, ft: FtJob, decision: Decision, verdict: Verdict, *, cancel: bool = False) -> None:
         """Record the verdict (in the Comment where Slurm takes it); ``cancel``: end a job still holding nodes."""
         comment = stop_comment(decision.category, decision.reason, verdict.evidence[:3])
         self.db.intent(job.job_id, job.restart_count, "stop", {"comment": comment}, self.clock())
@@ -729,7 +722,7 @@ class Monitor:
             self.client.update_job(job.job_id, comment=comment)
         except SlurmCommandError as exc:  # Slurm 22.05 refuses updates to a finished job: the verdict stays here
             self._event("comment_refused", job_id=job.job_id, error=str(exc)[-200:])
-        self._tell_user(job, decision, comment)
+        self._tell_user(job, ft, decision, comment)
         if cancel:
             self.client.cancel(job.job_id)
         self.db.done(job.job_id, job.restart_count, "stop", self.clock())
@@ -738,13 +731,12 @@ class Monitor:
         self._event("job_stopped", job_id=job.job_id, category=decision.category, reason=decision.reason,
                     comment=comment)
 
-    def _tell_user(self, job: JobInfo, decision: Decision, comment: str) -> None:
+    def _tell_user(self, job: JobInfo, ft: FtJob, decision: Decision, comment: str) -> None:
         """The verdict where the user looks: the run dir's events (``slurm-ft report``) and the job's output file,
         written by a child running as the job's user (slurm_ft.stop_note)."""
-        ft = read_registration(self.config.state_dir, job)
         record = {"event": "stopped", "by": "monitor", "time": round(self.clock(), 3), "job_id": job.job_id,
                   "category": decision.category, "reason": decision.reason, "comment": comment}
-        why = self.tell_user(uid=job.user_id, run_dir=ft.run_dir if ft is not None else "", output=job.std_out,
+        why = self.tell_user(uid=job.user_id, run_dir=ft.run_dir, output=job.std_out,
                              record=record)
         if why:
             self._event("stop_note_error", job_id=job.job_id, error=why)

@@ -168,7 +168,8 @@ def test_two_ranks_save_at_the_same_steps_and_the_interval_shrinks_after_a_failu
     assert first1["end"]["interval_s"] is None  # the estimator lives on rank 0
     end = first0["end"]
     assert end["saves"] == len(first0["saved"]) and end["failed"] == 0 and end["failures"] == 0
-    assert end["cost_s"] < GLOO_INTERVAL["initial_cost_s"] and end["write_s"] > 0  # measured
+    # measured: the first save's cost replaces the prior guess (a bound on its size timed this host, not the code)
+    assert end["cost_s"] != GLOO_INTERVAL["initial_cost_s"] and end["write_s"] > 0
     committed = layout.committed_steps(ckpt)
     assert committed[:len(first0["saved"])] == first0["saved"]
     stored = _local_state_of(ckpt, first0["saved"][-1])["interval"]

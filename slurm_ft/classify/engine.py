@@ -88,6 +88,7 @@ class _Context:
         self.pid_rank: dict[tuple[str, int], int] = {}
         self.rank_time: dict[int, float] = {}
         self.root_ranks: set[int] = set()
+        self.victims: set[int] = set()  # ranks whose error file is only a victim's view ("Connection reset by peer")
         self.job_nodes = frozenset(evidence.job.nodes) if evidence.job is not None else frozenset()
         for record in evidence.errors:
             if record.rank < 0:  # an error file that does not say whose it is
@@ -115,8 +116,10 @@ class _Context:
                 self.rank_time[end.rank] = min(end.time, self.rank_time.get(end.rank, end.time))
 
     def first_failure(self) -> float | None:
-        """When the first rank failed (error file or end), if any rank's time is known."""
-        return min(self.rank_time.values(), default=None)
+        """When the first rank failed (error file or end), if any rank's time is known. A victim saw a peer die
+        up to ``END_RECORD_LAG_S`` before that peer's end record says: its time counts that much later."""
+        return min((t + END_RECORD_LAG_S if r in self.victims else t for r, t in self.rank_time.items()),
+                   default=None)
 
     def on_job(self, node: str) -> bool:
         return not self.job_nodes or not node or node in self.job_nodes
@@ -167,7 +170,10 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
             findings += _nvml_findings(snapshot, rules)
             xids += snapshot.xids
     for record in evidence.errors:
-        findings += _error_findings(record, rules, scan)
+        said = list(_error_findings(record, rules, scan))
+        if said and all(f.rule.secondary for f in said):
+            ctx.victims.add(record.rank)
+        findings += said
     for tail in evidence.logs:
         findings += _log_findings(tail, ctx, rules, xids, scan)
     findings += _end_findings(evidence, ctx, rules, xids, scan)
@@ -483,6 +489,10 @@ def _clip(line: str) -> str:
 #   unknown" (an admin, a watchdog, an OOM killer whose count we could not read);
 # - SIGSEGV, SIGBUS, SIGABRT ...: the rank's own stderr tail decides (CUDA, NCCL, ...), else the signal table;
 # - ranks that ended after it are secondary (killed in the teardown, or failing because it was gone).
+# The wrapper records an end when its waitpid returns. On a loaded host that can come after a peer saw the socket
+# close, raised and wrote its error file; torch elastic's error files also stamp whole seconds. So a victim's error
+# bounds the first failure only this loosely; any other error file or end bounds it exactly.
+END_RECORD_LAG_S = 2.0
 _END_OOM = Rule(id="rank_end:oom_kill", category=Category.OOM_HOST, priority=80, confidence=0.9)
 _END_KILLED = Rule(id="rank_end:killed", category=Category.UNKNOWN, priority=40, confidence=0.6)
 _END_CRASHED = Rule(id="rank_end:crashed", category=Category.UNKNOWN, priority=35, confidence=0.5)

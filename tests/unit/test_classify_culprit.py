@@ -81,6 +81,27 @@ def test_a_rank_sigkilled_first_is_the_culprit_not_network():
     assert any(line.startswith("secondary, not the cause") and "ranks 0" in line for line in verdict.evidence)
 
 
+def test_a_sigkilled_rank_recorded_after_its_victims_error_is_still_the_culprit():
+    """The wrapper records the end when its waitpid returns: on a loaded host that can come after the peer saw the
+    socket close and wrote its error file (seen in CI: the demo's kill-rank on 25.11). A victim's error does not
+    make the dead rank's end "after the first failure"."""
+    ends = (RankEnd(rank=1, time=10.3, host="n2", pid=101, signal=9, oom_kills=0),
+            RankEnd(rank=0, time=10.4, host="n1", pid=100, exit_code=1))
+    verdict = classify(Evidence(errors=(_gloo_victim(0, 10.1),), ends=ends, in_allocation=True))
+    assert (verdict.category, verdict.culprit.ranks, verdict.culprit.nodes) == (Category.UNKNOWN, (1,), ("n2",))
+
+
+def test_a_victims_error_still_orders_ends_long_after_it():
+    """Teardown kills of the other ranks, seconds after the victim's error, stay secondary."""
+    ends = (RankEnd(rank=1, time=10.3, host="n2", pid=101, signal=9, oom_kills=0),
+            RankEnd(rank=2, time=10.6, host="n3", pid=102, signal=9, oom_kills=0),
+            RankEnd(rank=3, time=19.0, host="n4", pid=103, signal=9, oom_kills=0))
+    verdict = classify(Evidence(errors=(_gloo_victim(0, 10.1),), ends=ends, in_allocation=True))
+    assert verdict.culprit.ranks == (1,)
+    late = classify(Evidence(errors=(_gloo_victim(0, 10.1),), ends=ends[1:], in_allocation=True))
+    assert late.culprit.ranks == (2,)  # the earliest end within the lag; rank 3 died 9 s after the victim saw it
+
+
 def test_oom_kills_in_the_cgroup_make_it_oom_host():
     end = RankEnd(rank=1, time=10.0, host="n2", pid=101, signal=9, oom_kills=1)
     verdict = classify(Evidence(ends=(end,)))

@@ -45,6 +45,8 @@ SLURM_BACKEND = "SLURM_FT_SLURM_BACKEND"   # SlurmClient backend: auto (default)
 LAB_DIR = "SLURM_FT_LAB_DIR"               # the lab cluster directory (`slurm-ft lab`, integration tests)
 TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML records from this JSON file
 SLURM_JOB_ID = "SLURM_JOB_ID"              # Slurm's job id: a requeued job keeps it (the default run identity)
+STANDBY = "SLURM_FT_STANDBY"               # set by the launcher: the ranks' interpreter, whose warm standby may run them
+STANDBY_PRELOAD = "SLURM_FT_STANDBY_PRELOAD"  # extra modules the warm standby ranks import (comma separated)
 
 
 def job_setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:

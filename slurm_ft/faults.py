@@ -188,14 +188,31 @@ def rank_pid(lab, job_id: int, rank: int) -> int | None:
 
     found = _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
     tasks = [(int(env["SLURM_STEP_ID"]), pid) for pid, env in found
-             if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(_parent(pid)) == "slurmstepd"]
+             if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(_parent(pid)) == "slurmstepd"
+             and STANDBY_MODULE not in procs.cmdline(pid)]  # the warm standbys' step is no attempt
     if not tasks:
         return None
     task = max(tasks)[1]
     if "slurm_ft.launch_rank" not in procs.cmdline(task):
         return task
     under = [pid for pid, _ in found if _parent(pid) == task]
-    return under[0] if under else None
+    return under[0] if under else standby_rank_pid(dict(found)[task], rank)
+
+
+def standby_rank_pid(wrapper_env: dict[str, str], rank: int) -> int | None:
+    """The rank a warm standby runs for a wrapper with no child of its own (``slurm_ft.train.standby``): the pid
+    its heartbeat names, when that is a live standby's fork (its environment and command line are the standby's,
+    so nothing else names it)."""
+    from slurm_ft import env as ft_env
+    from slurm_ft.lab import procs
+
+    run_dir = ft_env.job_setting(ft_env.RUN_DIR, wrapper_env)
+    if not run_dir:
+        return None
+    beat = next((b for b in read_heartbeats(run_dir) if b.rank == rank), None)
+    if beat is None or not beat.pid or not alive(beat.pid):
+        return None
+    return beat.pid if STANDBY_MODULE in procs.cmdline(_parent(beat.pid)) else None
 
 
 def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:
@@ -208,6 +225,7 @@ def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:
 
 
 TRAINER_MODULE = "slurm_ft.train.example"
+STANDBY_MODULE = "slurm_ft.train.standby"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -236,9 +254,21 @@ def training_processes(lab, job_id: int, module: str = TRAINER_MODULE) -> list[R
     found = []
     for pid, env in _job_processes(lab, SLURM_JOB_ID=str(job_id)):
         rank = env.get("RANK") or env.get("SLURM_PROCID", "")
-        if rank.isdigit() and is_trainer(procs.cmdline(pid), module) and alive(pid):
+        if not rank.isdigit() or not alive(pid):
+            continue
+        argv = procs.cmdline(pid)
+        if is_trainer(argv, module):
             found.append(RankProcess(rank=int(rank), pid=pid, node=env.get("SLURMD_NODENAME", "")))
+        elif _wraps(argv, module) and (warm := standby_rank_pid(env, int(rank))) is not None:
+            found.append(RankProcess(rank=int(rank), pid=warm, node=env.get("SLURMD_NODENAME", "")))
     return sorted(found, key=lambda p: (p.rank, p.pid))
+
+
+def _wraps(argv: tuple[str, ...], module: str) -> bool:
+    """Whether ``argv`` is the per-rank wrapper (``slurm_ft.launch_rank -- CMD``) around the trainer."""
+    if "slurm_ft.launch_rank" not in argv or "--" not in argv:
+        return False
+    return is_trainer(argv[argv.index("--") + 1:], module)
 
 
 def alive(pid: int) -> bool:

@@ -78,7 +78,8 @@ class LaunchConfig:
     restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``error_grace_s``
     (a rank wrote its error file: how long srun may take to end the step by itself), ``probe_timeout_s``
     (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
-    (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``)."""
+    (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``), ``standby`` (warm standby ranks
+    for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby)."""
 
     command: tuple[str, ...]
     nodes: int | None = None
@@ -94,6 +95,7 @@ class LaunchConfig:
     probe_timeout_s: float = 10.0
     node_fail_wait_s: float = 60.0
     rank_records: bool = True
+    standby: bool = False
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -278,8 +280,15 @@ class Launcher:
         self._last_root: tuple[Any, ...] | None = None
         self._stopping: tuple[str, str, list[str]] = ("unknown", "", [])
         self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
+        self._standby: Process | None = None  # the step of warm standby ranks (slurm_ft.train.standby)
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._stop_standby()
+
+    def _run(self) -> int:
         bad: set[str] = set()
         if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
             from slurm_ft.monitor import stop_comment
@@ -442,6 +451,7 @@ class Launcher:
             if not first_step_logged and beats:
                 first_step_logged = True
                 self._event("first_step", attempt=self.attempts, step=max(b.step for b in beats), time=now)
+                self._start_standby(chosen, wiring.tasks_per_node, env)  # off the startup's critical path
             stuck = watch.hung(now)
             if stuck:
                 hang = self._hang_evidence(chosen, watch, now)  # before the kill: stopped ranks, stacks
@@ -455,6 +465,49 @@ class Launcher:
                 self._kill(proc, grace_s=min(cfg.kill_grace_s, cfg.error_grace_s))
                 return AttemptResult(outcome=Outcome.FAILED, exit_code=1, time=failed_since)
             self.sleep(cfg.poll_s)
+
+    # --- warm standby ranks (slurm_ft.train.standby) --------------------------------------------------------------
+    def _standby_python(self) -> str | None:
+        """The interpreter the ranks run, when the command is one a standby can run (``python SCRIPT``,
+        ``python -m MODULE``) and standbys are on."""
+        from slurm_ft.train.standby import script_of
+
+        python = self.config.command[0]
+        if not (self.config.standby and self.config.rank_records and Path(python).name.startswith("python")):
+            return None
+        return python if script_of(self.config.command, python) is not None else None
+
+    def _start_standby(self, chosen: list[str], tasks_per_node: int, env: Mapping[str, str]) -> None:
+        """One pre-imported standby per task slot of the attempt's nodes, in a step of its own, for the next
+        restart; started again when it has ended (a node of it died)."""
+        python = self._standby_python()
+        if python is None or (self._standby is not None and self._standby.poll() is None):
+            return
+        argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * tasks_per_node}",
+                f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(chosen)}", "--overlap",
+                "--kill-on-bad-exit=0", python, "-m", "slurm_ft.train.standby", "--python", python]
+        try:
+            self._standby = self.runner(argv, env)
+        except OSError as exc:
+            self._event("standby_error", error=str(exc)[-200:])
+            return
+        self._event("standby_start", attempt=self.attempts, nodes=chosen, slots=len(chosen) * tasks_per_node)
+
+    def _standby_ready(self) -> bool:
+        return self._standby is not None and self._standby.poll() is None
+
+    def _stop_standby(self) -> None:
+        """The standbys exit quietly on their stop signal (srun's own SIGTERM would SIGKILL them, noisily)."""
+        from slurm_ft.train.standby import STOP_SIGNAL
+
+        if self._standby is None or self._standby.poll() is not None:
+            return
+        self._standby.send_signal(STOP_SIGNAL)
+        deadline = self.clock() + 5.0
+        while self._standby.poll() is None and self.clock() < deadline:
+            self.sleep(0.1)
+        if self._standby.poll() is None:
+            self._kill(self._standby, grace_s=0.0)
 
     def _committed(self) -> int | None:
         """The newest committed checkpoint step (what this attempt resumes from), when the ckpt dir is known."""
@@ -516,6 +569,11 @@ class Launcher:
             env[ft_env.PREFIX + ft_env.RESUME_STEP] = str(self.resume_step)
         else:  # later attempts resume from the newest committed checkpoint
             env.pop(ft_env.PREFIX + ft_env.RESUME_STEP, None)
+        python = self._standby_python()
+        if python is not None and self.attempts > 1 and self._standby_ready():
+            env[ft_env.STANDBY] = python  # the wrappers ask their slot's standby for the rank (else start it cold)
+        else:
+            env.pop(ft_env.STANDBY, None)
         cause = self.restart_cause if self.attempts == 1 else self._failure
         if cause:
             env[ft_env.PREFIX + ft_env.RESTART_CAUSE] = cause
@@ -596,6 +654,9 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
                         help="seconds to wait for Slurm to declare a bad node before exiting 75 (default 60)")
     parser.add_argument("--no-rank-records", action="store_true",
                         help="run CMD without the per-rank wrapper that records how each rank ended")
+    parser.add_argument("--no-standby", action="store_true",
+                        help="restart ranks cold instead of from warm standby processes that imported torch "
+                             "while the first attempt trained")
     parser.add_argument("--preempt-deadline", type=float,
                         help="seconds the ranks get to save after SIGUSR1/SIGTERM (default $SLURM_FT_PREEMPT_DEADLINE "
                              "or 25; on SIGTERM at most KillWait - 5)")
@@ -636,7 +697,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             spare_nodes=_int_setting(args.spare_nodes, ft_env.SPARE_NODES, 0, environ),
                             run_dir=Path(run_dir).absolute(), probe_timeout_s=args.probe_timeout,
                             node_fail_wait_s=args.node_fail_wait,
-                            rank_records=not getattr(args, "no_rank_records", False))
+                            rank_records=not getattr(args, "no_rank_records", False),
+                            standby=not getattr(args, "no_standby", False))
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 

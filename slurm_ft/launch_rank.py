@@ -26,9 +26,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_ft import env as ft_env
-from slurm_ft.train import records
+from slurm_ft.train import records, standby
 
 TAIL_BYTES = 8192
 OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -107,11 +108,12 @@ def _counter(path: Path, key: str) -> int | None:
 
 
 def end_record(rank: int, code: int, *, pid: int, when: float, oom_before: int | None, oom_after: int | None,
-               tail: str, host: str) -> records.RankEnd:
+               tail: str, host: str, started: str = "cold") -> records.RankEnd:
     """Pure: the end record of a child that ended with Popen's ``code`` (-N: killed by signal N)."""
     oom = None if oom_before is None or oom_after is None else max(0, oom_after - oom_before)
     return records.RankEnd(rank=rank, time=when, host=host, pid=pid, exit_code=code if code >= 0 else None,
-                           signal=-code if code < 0 else None, oom_kills=oom, tail=tail if code != 0 else "")
+                           signal=-code if code < 0 else None, oom_kills=oom, tail=tail if code != 0 else "",
+                           started=started)
 
 
 def end_like(code: int, *, kill: Callable[[int, int], None] = os.kill) -> int:
@@ -130,8 +132,30 @@ def end_like(code: int, *, kill: Callable[[int, int], None] = os.kill) -> int:
     return 128 + sig  # a signal whose default is to carry on (SIGCHLD, SIGWINCH): the shell's number
 
 
+_remote: list[standby.Remote] = []  # the rank a standby runs for us: it gets the step's signals through us
+
+
 def _outlive(signum: int, frame: object) -> None:
-    """Signals for the step reach the child directly: the wrapper stays to record its end."""
+    """Signals for the step reach a child of ours directly, a standby's fork through us; we stay to record."""
+    for rank in _remote:
+        rank.send_signal(signum)
+
+
+def _start(command: Sequence[str], environ: dict[str, str]) -> tuple[Any, StderrTee, str]:
+    """The rank, from this slot's warm standby when the launcher offers one, else cold: (process, its stderr
+    tee, how it started)."""
+    if environ.get(standby.ENV):
+        read, write = os.pipe()
+        remote = standby.ask(command, environ, write)
+        os.close(write)
+        if isinstance(remote, standby.Remote):
+            _remote.append(remote)
+            return remote, StderrTee(read), "standby"
+        os.close(read)
+        print(f"slurm-ft: rank starts cold: {remote}", file=sys.stderr)
+    # close_fds=False: the child gets every descriptor the task got (a PMI socket ...), as it would unwrapped.
+    child = subprocess.Popen(list(command), stderr=subprocess.PIPE, close_fds=False)
+    return child, StderrTee(child.stderr.fileno()), "cold"
 
 
 def run(command: Sequence[str], environ: dict[str, str]) -> int:
@@ -140,9 +164,7 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
     for sig in (*OUTLIVED, records.STACK_SIGNAL):
         signal.signal(sig, _outlive)  # a Python handler: exec resets it to the default for the child
     before = oom_kills()
-    # close_fds=False: the child gets every descriptor the task got (a PMI socket ...), as it would unwrapped.
-    child = subprocess.Popen(list(command), stderr=subprocess.PIPE, close_fds=False)
-    tee = StderrTee(child.stderr.fileno())
+    child, tee, how = _start(command, environ)
     while True:
         try:
             code = child.wait()
@@ -150,10 +172,14 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
         except InterruptedError:
             continue
     when = time.time()
+    if how == "standby":  # counted in the standby's cgroup, where the rank ran
+        before, after = (0, child.oom_kills) if child.oom_kills is not None else (None, None)
+    else:
+        after = oom_kills() if code < 0 else before
     if run_dir and rank_text.isdigit():
         record = end_record(int(rank_text), code, pid=child.pid, when=when, oom_before=before,
-                            oom_after=oom_kills() if code < 0 else before, tail=tee.tail() if code else "",
-                            host=records.node_name(environ))
+                            oom_after=after, tail=tee.tail() if code else "", host=records.node_name(environ),
+                            started=how)
         try:
             records.write_end(run_dir, record)
         except OSError as exc:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slurm_ft.demo import DemoConfig, run_demo
+from slurm_ft.faults import read_events
+from slurm_ft.train.records import read_ends
 
 pytestmark = pytest.mark.lab
 
@@ -22,3 +24,8 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     assert any("rank 1 of job" in line and "SIGKILL" in line for line in lines)
     assert any("restart in place" in line for line in lines)
     assert "ETTR over the 1 recovered runs" in table
+    # the restarted ranks came from the warm standbys the launcher started while the first attempt trained
+    run_dir = tmp_path / "demo" / "jobs" / "ck-kill-rank" / ".slurm-ft"
+    assert [e["event"] for e in read_events(run_dir)].count("standby_start") == 1
+    ends = sorted((end.rank, end.started, end.exit_code) for end in read_ends(run_dir))
+    assert ends == [(0, "standby", 0), (1, "standby", 0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import pytest
@@ -444,3 +445,64 @@ def test_a_dead_node_keeps_its_name_in_the_verdict(tmp_path):
     assert launcher.run() == 0
     [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
     assert verdict["verdict"]["category"] == "hardware_node" and verdict["verdict"]["culprit"]["nodes"] == ["n2"]
+
+
+class Standby:
+    """The warm standby step: runs until told to stop (SIGUSR2, which srun passes on) or killed."""
+
+    def __init__(self) -> None:
+        self.signals, self.killed = [], False
+
+    def poll(self):
+        return 0 if self.signals == [signal.SIGUSR2] else (-9 if self.killed else None)
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+    def terminate(self):
+        self.killed = True
+
+    def kill(self):
+        self.killed = True
+
+
+def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(tmp_path):
+    run = tmp_path / "run"
+    standby = Standby()
+    config = LaunchConfig(command=("python3", "train.py", "--lr", "1"), run_dir=run, poll_s=1.0, kill_grace_s=3.0,
+                          standby=True)
+    clock = Clock()
+    runner = Runner([Script(run, code=1, steps=3), standby, Script(run)])
+    launcher = Launcher(config, allocation=("n1", "n2"), environ={"PATH": "/bin"}, runner=runner, clock=clock,
+                        sleep=clock.sleep, port=lambda: 29500)
+    assert launcher.run() == 0
+    (first, first_env), (argv, _), (_, second_env) = runner.calls
+    assert argv[:7] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap",
+                        "--kill-on-bad-exit=0"]
+    assert argv[7:] == ["python3", "-m", "slurm_ft.train.standby", "--python", "python3"]
+    assert "SLURM_FT_STANDBY" not in first_env and second_env["SLURM_FT_STANDBY"] == "python3"
+    assert standby.signals == [signal.SIGUSR2] and not standby.killed  # ended quietly with the launcher
+    assert [e["event"] for e in events(tmp_path)].count("standby_start") == 1
+
+
+@pytest.mark.parametrize("command, standby", [(("bash", "run.sh"), True), (("python", "-u", "train.py"), True),
+                                              (("python", "train.py"), False)])
+def test_no_standby_for_commands_it_cannot_run_or_when_off(tmp_path, command, standby):
+    run = tmp_path / "run"
+    config = LaunchConfig(command=command, run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=standby)
+    clock = Clock()
+    runner = Runner([Script(run, code=1, steps=3), Script(run)])
+    launcher = Launcher(config, allocation=("n1",), environ={"PATH": "/bin"}, runner=runner, clock=clock,
+                        sleep=clock.sleep, port=lambda: 29500)
+    assert launcher.run() == 0
+    assert len(runner.calls) == 2 and "SLURM_FT_STANDBY" not in runner.calls[1][1]
+
+
+def test_the_cli_turns_standby_on_unless_told_not_to(tmp_path):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="cmd"))
+    on = config_from_args(parser.parse_args(["launch", "--", "python", "t.py"]), {})
+    off = config_from_args(parser.parse_args(["launch", "--no-standby", "--", "python", "t.py"]), {})
+    assert on.standby and not off.standby

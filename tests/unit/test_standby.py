@@ -1,0 +1,220 @@
+"""Warm standby ranks (slurm_ft.train.standby) with the real per-rank wrapper: real processes, sockets and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from slurm_ft.train import standby
+from slurm_ft.train.records import read_ends
+
+RANK_SCRIPT = textwrap.dedent("""\
+    import os, sys, time
+    print("out", os.environ["RANK"], os.getcwd(), sys.argv, sys.path[0], os.getpid(), flush=True)
+    print("err of rank", os.environ["RANK"], file=sys.stderr, flush=True)
+    if sys.argv[1:] == ["sleep"]:
+        time.sleep(60)
+    sys.exit(int(sys.argv[1]))
+    """)
+
+
+@pytest.fixture
+def slot(tmp_path):
+    """A standby for slot (job, n1, 0) preloading only `json`, and the environment its wrappers get."""
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
+           "SLURM_FT_RUN_DIR": str(tmp_path / "run"), "RANK": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+                             "--preload", "json"], env=env, stderr=subprocess.PIPE, text=True)
+    where = standby.slot_address(env)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _listening(where):
+        time.sleep(0.05)
+    env[standby.ENV] = sys.executable
+    yield env, proc
+    proc.kill()
+    proc.wait()
+
+
+def _listening(where: bytes) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(where)
+        except OSError:
+            return False
+    return True
+
+
+def wrapped(env, tmp_path, *args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "slurm_ft.launch_rank", "--", *args], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+def test_a_standby_runs_the_rank_as_python_would_and_the_wrapper_records_its_end(slot, tmp_path):
+    env, proc = slot
+    done = wrapped(env, tmp_path, sys.executable, "rank.py", "3")
+    out, err = done.communicate(timeout=30)
+    assert done.returncode == 3, err
+    # rank, cwd, sys.argv, sys.path[0] (the script's directory), as `python rank.py 3` would have them
+    assert out.startswith(f"out 0 {tmp_path} ['rank.py', '3'] {tmp_path} ")
+    pid = int(out.split()[-1])
+    assert pid != done.pid and "rank starts cold" not in err  # the standby's fork, not a child of the wrapper
+    (end,) = read_ends(tmp_path / "run")
+    assert (end.pid, end.exit_code, end.signal, end.tail, end.started) == (pid, 3, None, "err of rank 0\n", "standby")
+    again = wrapped(env, tmp_path, sys.executable, "-m", "rank", "0")  # the standby stays for the next restart
+    out, err = again.communicate(timeout=30)
+    assert again.returncode == 0 and "out 0" in out and "rank starts cold" not in err
+    assert proc.poll() is None
+
+
+def test_the_steps_signals_reach_the_rank_through_the_wrapper(slot, tmp_path):
+    env, _ = slot
+    rank = wrapped(env, tmp_path, sys.executable, "rank.py", "sleep")
+    assert rank.stdout.readline().startswith("out 0")
+    rank.send_signal(signal.SIGTERM)
+    assert rank.wait(timeout=30) == -signal.SIGTERM  # the wrapper dies of the rank's signal, as srun expects
+    (end,) = read_ends(tmp_path / "run")
+    assert end.signal == signal.SIGTERM
+
+
+def test_a_killed_wrapper_takes_its_rank_down_and_the_standby_serves_again(slot, tmp_path):
+    env, proc = slot
+    rank = wrapped(env, tmp_path, sys.executable, "rank.py", "sleep")
+    pid = int(rank.stdout.readline().split()[-1])
+    assert pid in children(proc.pid)
+    rank.kill()  # Slurm killing the step kills the wrappers with SIGKILL
+    rank.wait()
+    deadline = time.monotonic() + 10
+    while pid in children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid not in children(proc.pid)
+    again = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
+    assert again.wait(timeout=30) == 0 and proc.poll() is None
+
+
+def test_the_stop_signal_waits_for_a_running_rank_then_ends_the_standby_quietly(slot, tmp_path):
+    env, proc = slot
+    rank = wrapped(env, tmp_path, sys.executable, "rank.py", "sleep")
+    assert rank.stdout.readline().startswith("out 0")
+    proc.send_signal(standby.STOP_SIGNAL)  # a step-wide SIGUSR2 while a rank runs: the rank is not touched
+    time.sleep(0.5)
+    assert proc.poll() is None and rank.poll() is None
+    rank.send_signal(signal.SIGTERM)
+    assert rank.wait(timeout=30) == -signal.SIGTERM
+    assert proc.wait(timeout=10) == 0
+    idle = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+                             "--preload", "json"], env=env)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _listening(standby.slot_address(env)):
+        time.sleep(0.05)
+    idle.send_signal(standby.STOP_SIGNAL)
+    assert idle.wait(timeout=10) == 0
+
+
+def test_other_commands_start_cold(slot, tmp_path):
+    env, _ = slot
+    done = wrapped(env, tmp_path, sys.executable, "-u", "rank.py", "4")
+    out, err = done.communicate(timeout=30)
+    assert done.returncode == 4 and "rank starts cold" in err and out.startswith("out 0")
+    assert read_ends(tmp_path / "run")[0].started == "cold"
+
+
+def test_without_a_standby_the_rank_starts_cold(tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
+           "RANK": "0", standby.ENV: sys.executable}
+    done = wrapped(env, tmp_path, sys.executable, "rank.py", "5")
+    out, err = done.communicate(timeout=30)
+    assert done.returncode == 5 and "standby not reachable" in err and out.startswith("out 0")
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to ask as another user")
+def test_another_user_is_refused(slot):
+    env, _ = slot
+    nobody = pwd.getpwnam("nobody")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a process of another uid asks the job's standby to run code as the job's user
+        try:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                conn.connect(standby.slot_address(env))
+                standby.send_message(conn, {"argv": [sys.executable, "x.py"], "env": {}, "cwd": "/"}, fds=(0, 1, 2))
+                os.write(write, json.dumps(standby.recv_message(conn)[0]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as fh:
+        assert json.loads(fh.read()) == {"refused": "another user"}
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to listen as another user")
+def test_the_wrapper_tells_nothing_to_a_standby_of_another_user(tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
+           "RANK": "0", "SECRET_TOKEN": "s3cret", standby.ENV: sys.executable}
+    nobody = pwd.getpwnam("nobody")
+    read, write = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # another user squats the slot's address before the job's standby
+        try:
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as squat:
+                squat.bind(standby.slot_address(env))
+                squat.listen(1)
+                os.write(ready_w, b"1")
+                conn, _ = squat.accept()
+                conn.settimeout(5)
+                os.write(write, conn.recv(65536) or b"nothing")
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.read(ready_r, 1)
+    done = wrapped(env, tmp_path, sys.executable, "rank.py", "6")
+    out, err = done.communicate(timeout=30)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as fh:
+        assert fh.read() == b"nothing"
+    assert done.returncode == 6 and "held by another user" in err and out.startswith("out 0")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["/py", "train.py", "--lr", "1"], ("path", "train.py")),
+    (["/py", "-m", "pkg.train", "-x"], ("module", "pkg.train")),
+    (["/py", "-u", "train.py"], None),
+    (["/py", "-m"], None),
+    (["/other/py", "train.py"], None),
+    (["/py"], None),
+])
+def test_which_commands_a_standby_runs(argv, expected):
+    assert standby.script_of(argv, "/py") == expected
+
+
+@pytest.mark.parametrize("message, why", [
+    (None, "malformed request"),
+    ({"argv": "py x", "env": {}, "cwd": "/"}, "argv must be"),
+    ({"argv": ["/py", "x"], "env": {"A": 1}, "cwd": "/"}, "env must"),
+    ({"argv": ["/py", "x"], "env": {}, "cwd": ""}, "cwd must"),
+    ({"argv": ["bash", "x"], "env": {}, "cwd": "/"}, "not `/py SCRIPT`"),
+])
+def test_bad_requests_are_refused_with_the_reason(message, why):
+    assert standby.parse_request(message, "/py").startswith(why)

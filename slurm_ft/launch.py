@@ -221,17 +221,19 @@ class HangWatch:
                 for rank in range(self.ranks)}
 
     def hung(self, now: float) -> list[int]:
-        """Ranks with no progress for the timeout since their last step; a rank not seen yet (importing,
-        rendezvous, loading the checkpoint) gets the startup grace on top."""
+        """Once a rank had no progress for the timeout since its last step (a rank not seen yet: importing,
+        rendezvous, loading the checkpoint, gets the startup grace on top), every rank without progress for half
+        of it: the ranks the launcher saw reach their last step a poll later are as stuck."""
         if self.timeout_s <= 0:
             return []
-        stuck = []
-        for rank in range(self.ranks):
-            step_seen = self.progress.get(rank)
-            since = self.started + self.grace_s if step_seen is None else step_seen[1]
-            if now - since >= self.timeout_s:
-                stuck.append(rank)
-        return stuck
+        idle = {rank: now - self._since(rank) for rank in range(self.ranks)}
+        if max(idle.values(), default=0.0) < self.timeout_s:
+            return []
+        return [rank for rank, seconds in idle.items() if seconds >= self.timeout_s / 2]
+
+    def _since(self, rank: int) -> float:
+        step_seen = self.progress.get(rank)
+        return self.started + self.grace_s if step_seen is None else step_seen[1]
 
 
 # --- the supervisor -------------------------------------------------------------------------------------------

@@ -230,6 +230,16 @@ def test_pure_helpers():
     assert starting.hung(14.9) == [] and starting.hung(15.0) == [1]  # never seen: grace + timeout
 
 
+def test_a_hang_names_every_rank_without_progress_not_only_the_first_past_the_timeout():
+    """Rank 1 stopped after step 6, rank 0 waits for it in step 7: the launcher saw rank 1 reach step 6 one poll
+    after rank 0 (seen in the lab), and both are without progress when rank 0 crosses the timeout."""
+    watch = HangWatch(3, 0.0, timeout_s=10, grace_s=5)
+    watch.update([Heartbeat(rank=0, step=6, time=0), Heartbeat(rank=2, step=6, time=0)], 1.0)
+    watch.update([Heartbeat(rank=1, step=6, time=0)], 2.0)
+    watch.update([Heartbeat(rank=2, step=7, time=0)], 9.0)  # rank 2 still moves (it has not reached the wait yet)
+    assert watch.hung(11.0) == [0, 1]
+
+
 def test_cli_parses_after_double_dash(tmp_path):
     import argparse
 

@@ -236,31 +236,36 @@ def _take_over(fds: Sequence[int], request: Request) -> None:
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)
+    os.setpgid(0, 0)  # its own group: signals and the final kill reach what it starts (data loader workers ...)
 
 
 def _relay(conn: socket.socket, pid: int) -> int:
     """Pass the wrapper's signals to the fork until it ends; kill it when the wrapper goes away. Its status as
     Popen's returncode (-N: signal N)."""
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        readable, _, _ = select.select([conn], [], [], 0.05)
-        if not readable:
-            continue
-        message, _ = recv_message(conn)
-        if message is None:  # the wrapper died (its step was killed): the rank goes with it
-            _kill(pid, signal.SIGKILL)
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        sig = message.get("signal")
-        if isinstance(sig, int) and 0 < sig < signal.NSIG:
-            _kill(pid, sig)
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            readable, _, _ = select.select([conn], [], [], 0.05)
+            if not readable:
+                continue
+            message, _ = recv_message(conn)
+            if message is None:  # the wrapper died (its step was killed): the rank goes with it
+                _kill(pid, signal.SIGKILL)
+                return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            sig = message.get("signal")
+            if isinstance(sig, int) and 0 < sig < signal.NSIG:
+                _kill(pid, sig)
+    finally:
+        _kill(pid, signal.SIGKILL)  # what the rank left behind, as Slurm does at the end of a step
 
 
 def _kill(pid: int, sig: int) -> None:
+    """``sig`` to the rank's process group (the rank and what it started)."""
     try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
 
 

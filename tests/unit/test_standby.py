@@ -24,6 +24,10 @@ RANK_SCRIPT = textwrap.dedent("""\
     print("err of rank", os.environ["RANK"], file=sys.stderr, flush=True)
     if sys.argv[1:] == ["sleep"]:
         time.sleep(60)
+    if sys.argv[1:] == ["spawn"]:  # leaves a child behind, as a data loader worker would
+        import subprocess
+        print("child", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]).pid, flush=True)
+        time.sleep(60)
     sys.exit(int(sys.argv[1]))
     """)
 
@@ -124,6 +128,27 @@ def test_the_stop_signal_waits_for_a_running_rank_then_ends_the_standby_quietly(
         time.sleep(0.05)
     idle.send_signal(standby.STOP_SIGNAL)
     assert idle.wait(timeout=10) == 0
+
+
+def test_what_a_killed_rank_started_goes_with_it(slot, tmp_path):
+    env, proc = slot
+    rank = wrapped(env, tmp_path, sys.executable, "rank.py", "spawn")
+    assert rank.stdout.readline().startswith("out 0")
+    child = int(rank.stdout.readline().split()[1])
+    rank.kill()  # the step is killed: Slurm would kill the whole cgroup, the standby kills the rank's group
+    rank.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child) and proc.poll() is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_other_commands_start_cold(slot, tmp_path):

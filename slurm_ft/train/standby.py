@@ -3,8 +3,8 @@
 Restarting a rank cold costs the interpreter and the torch import (seconds per rank, and on a busy node all ranks
 import at once). The launcher (``slurm_ft.launch``) therefore starts, once the first attempt trains, one standby
 process per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
-slurm_ft.train.standby``. Each imports the preload modules and waits on an abstract unix socket named by job, node
-and slot (``address``).
+slurm_ft.train.standby``. Each listens on an abstract unix socket named by job, node and slot (``address``) and
+imports the preload modules in a thread at idle CPU priority (a request before they are in starts the rank cold).
 
 On a restart, the per-rank wrapper of the new step (``slurm_ft.launch_rank``) asks its slot's standby for the rank
 (``ask``): it passes its stdin, stdout and a stderr pipe (SCM_RIGHTS), its environment, directory and command. The
@@ -38,6 +38,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_ft import env as ft_env
@@ -151,22 +152,20 @@ class StandbyConfig:
 
 
 def serve(config: StandbyConfig, *, oom_kills: Callable[[], int | None]) -> Request:
-    """Import, listen, and serve requests one at a time until one is ours to run: returns in the fork only."""
-    for name in config.preload:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # a missing optional module: a colder restart, not a failed standby
-            print(f"slurm-ft standby: cannot preload {name}: {exc}", file=sys.stderr)
+    """Listen, import in the background, and serve requests one at a time until one is ours to run: returns in
+    the fork only."""
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(STOP_SIGNAL, _stop)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(config.listen)
     listener.listen(8)
+    warming = threading.Thread(target=preload, args=(config.preload,), name="slurm-ft-preload", daemon=True)
+    warming.start()
     while True:
         conn, _ = listener.accept()
         try:
-            ticket = _handle(conn, config, oom_kills)
+            ticket = _handle(conn, config, oom_kills, warming)
         except OSError as exc:  # one broken wrapper must not take the standby down
             print(f"slurm-ft standby: request failed: {exc}", file=sys.stderr)
             ticket = None
@@ -178,6 +177,20 @@ def serve(config: StandbyConfig, *, oom_kills: Callable[[], int | None]) -> Requ
             os._exit(0)
 
 
+def preload(modules: Sequence[str]) -> None:
+    """Import ``modules`` at idle CPU priority (this thread only: SCHED_IDLE), so warming up never slows the
+    training it waits beside, nor a restart that comes first."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: imports at normal priority
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # a missing optional module: a colder restart, not a failed standby
+            print(f"slurm-ft standby: cannot preload {name}: {exc}", file=sys.stderr)
+
+
 def _stop(signum: int, frame: object) -> None:
     """Exit quietly when idle; while a fork runs (a step-wide SIGUSR2 of the user's), after it ends."""
     if not _busy:
@@ -185,12 +198,16 @@ def _stop(signum: int, frame: object) -> None:
     _stopping.append(True)
 
 
-def _handle(conn: socket.socket, config: StandbyConfig, oom_kills: Callable[[], int | None]) -> Request | None:
+def _handle(conn: socket.socket, config: StandbyConfig, oom_kills: Callable[[], int | None],
+            warming: threading.Thread) -> Request | None:
     conn.settimeout(ASK_TIMEOUT_S)
     message, fds = recv_message(conn, want_fds=3)
     try:
         if peer_uid(conn) != os.getuid():
             send_message(conn, {"refused": "another user"})
+            return None
+        if warming.is_alive():  # no fork beside a running import; a cold start is no slower than waiting
+            send_message(conn, {"refused": "still importing"})
             return None
         request = parse_request(message, config.python)
         if isinstance(request, str) or len(fds) != 3:

@@ -51,12 +51,16 @@ def slot(tmp_path):
 
 
 def _listening(where: bytes) -> bool:
+    """The standby listens and has imported its preload modules (a request without descriptors is refused for
+    that, not for still importing)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
             probe.connect(where)
+            standby.send_message(probe, {})
+            reply, _ = standby.recv_message(probe)
         except OSError:
             return False
-    return True
+    return reply is not None and reply.get("refused") != "still importing"
 
 
 def wrapped(env, tmp_path, *args, **kw):
@@ -149,6 +153,40 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_request_while_the_standby_still_imports_starts_cold(tmp_path):
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(4)\n")
+    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
+           "RANK": "0", "SLURM_FT_RUN_DIR": str(tmp_path / "run"),
+           "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+                             "--preload", "slowmod"], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _bound(standby.slot_address(env)):
+            time.sleep(0.05)
+        env[standby.ENV] = sys.executable
+        early = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
+        _, err = early.communicate(timeout=30)
+        assert early.returncode == 0 and "still importing" in err
+        time.sleep(5)
+        late = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
+        _, err = late.communicate(timeout=30)
+        assert late.returncode == 0 and "rank starts cold" not in err
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _bound(where: bytes) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(where)
+        except OSError:
+            return False
+    return True
 
 
 def test_other_commands_start_cold(slot, tmp_path):

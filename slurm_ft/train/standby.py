@@ -4,7 +4,7 @@ Restarting a rank cold costs the interpreter and the torch import (seconds per r
 import at once). The launcher (``slurm_ft.launch``) therefore starts, once the first attempt trains, one standby
 process per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
 slurm_ft.train.standby``. Each listens on an abstract unix socket named by job, node and slot (``address``) and
-imports the preload modules in a thread at idle CPU priority (a request before they are in starts the rank cold).
+imports the preload modules in a thread (a request before they are in waits for them: they are under way).
 
 On a restart, the per-rank wrapper of the new step (``slurm_ft.launch_rank``) asks its slot's standby for the rank
 (``ask``): it passes its stdin, stdout and a stderr pipe (SCM_RIGHTS), its environment, directory and command. The
@@ -48,7 +48,8 @@ PRELOAD_ENV = ft_env.STANDBY_PRELOAD  # extra modules the standby imports (comma
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch.distributed.fsdp",
            "slurm_ft.train.checkpoint", "slurm_ft.train.heartbeat")
 MAX_MESSAGE = 1 << 20  # a request (the environment) or a reply, in bytes
-ASK_TIMEOUT_S = 2.0  # how long the wrapper waits for the standby's pid before starting cold
+ASK_TIMEOUT_S = 2.0  # how long a standby waits for a request's bytes, and the wrapper to connect
+READY_TIMEOUT_S = 120.0  # how long the wrapper waits for the pid (a standby still importing finishes first)
 _IGNORED = (signal.SIGUSR1, signal.SIGHUP)  # step-wide signals meant for the ranks, not for us
 STOP_SIGNAL = signal.SIGUSR2  # the launcher's "stop": srun passes it on (its SIGTERM is SIGKILL to the tasks)
 _busy: list[int] = []  # the fork being served; a stop waits for it
@@ -178,12 +179,8 @@ def serve(config: StandbyConfig, *, oom_kills: Callable[[], int | None]) -> Requ
 
 
 def preload(modules: Sequence[str]) -> None:
-    """Import ``modules`` at idle CPU priority (this thread only: SCHED_IDLE), so warming up never slows the
-    training it waits beside, nor a restart that comes first."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass  # not Linux, or not allowed: imports at normal priority
+    """Import ``modules``. At normal priority: at idle priority (tried: SCHED_IDLE) a node whose data loaders
+    keep the CPUs busy would never finish, and a restart during warm-up would start cold beside it."""
     for name in modules:
         try:
             importlib.import_module(name)
@@ -206,13 +203,11 @@ def _handle(conn: socket.socket, config: StandbyConfig, oom_kills: Callable[[], 
         if peer_uid(conn) != os.getuid():
             send_message(conn, {"refused": "another user"})
             return None
-        if warming.is_alive():  # no fork beside a running import; a cold start is no slower than waiting
-            send_message(conn, {"refused": "still importing"})
-            return None
         request = parse_request(message, config.python)
         if isinstance(request, str) or len(fds) != 3:
             send_message(conn, {"refused": request if isinstance(request, str) else "stdin, stdout, stderr needed"})
             return None
+        warming.join()  # a restart during warm-up waits for the imports under way: sooner than starting over
         before = oom_kills()
         pid = os.fork()
         if pid == 0:
@@ -346,6 +341,7 @@ def ask(command: Sequence[str], environ: Mapping[str, str], stderr_fd: int, *, c
             return "the standby's address is held by another user"
         send_message(conn, {"argv": list(command), "env": dict(environ), "cwd": cwd or os.getcwd()},
                      fds=(0, 1, stderr_fd))
+        conn.settimeout(READY_TIMEOUT_S)
         reply, _ = recv_message(conn)
     except OSError as exc:
         conn.close()

@@ -118,6 +118,11 @@ class JobSpec:
         return self.nodes + (self.knobs.spare_nodes if self.system is System.SLURM_FT else 0)
 
 
+# torchrun's rendezvous port: below the lab's daemon ports (slurm_ft.lab.ports.PORT_RANGE, 20000-32000; a job
+# once drew slurmd's port and its rendezvous failed) and below the ephemeral range.
+TORCHRUN_PORT_BASE = 15000
+
+
 def trainer_argv(spec: JobSpec) -> list[str]:
     """The example trainer's command line for ``spec`` (asynchronous saves for slurm-ft only)."""
     w = spec.workload
@@ -177,7 +182,7 @@ def batch_script(spec: JobSpec) -> str:
     return ("#!/bin/bash\n"
             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
             'addr=$(getent hosts "$head" | awk \'{print $1; exit}\'); addr=${addr:-127.0.0.1}\n'
-            "port=$((29400 + SLURM_JOB_ID % 500))\n"
+            f"port=$(({TORCHRUN_PORT_BASE} + SLURM_JOB_ID % 1000))\n"
             "# torch 2.13 shares the agent's TCPStore across in-place restarts without a per-attempt key prefix:\n"
             "# a process group created after a restart reads the dead attempt's addresses and hangs. Not sharing\n"
             "# it gives torchrun its best case.\n"

@@ -1,6 +1,7 @@
 """The lab benchmark's pure parts: what each system submits, the rows and targets it derives, its config."""
 
 import dataclasses
+import re
 import shlex
 from pathlib import Path
 
@@ -69,6 +70,15 @@ def test_torchrun_restarts_in_place_under_srun_with_its_own_store_per_attempt():
     assert argv[argv.index("--max-restarts=5") + 1:][:2] == ["-m", "slurm_ft.train.example"]
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in script
     assert "scontrol requeue" not in script  # node failures come back through sbatch --requeue only
+
+
+def test_torchruns_rendezvous_port_is_never_one_of_the_labs_daemon_ports():
+    from slurm_ft.lab.ports import PORT_RANGE
+
+    script = batch_script(_spec(System.TORCHRUN, nodes=2))
+    line = next(line for line in script.splitlines() if line.startswith("port="))
+    base, spread = (int(n) for n in re.fullmatch(r"port=\$\(\((\d+) \+ SLURM_JOB_ID % (\d+)\)\)", line).groups())
+    assert base + spread <= PORT_RANGE[0] or base >= PORT_RANGE[1]
 
 
 def test_is_trainer_tells_the_training_process_from_what_carries_its_command():

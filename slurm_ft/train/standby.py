@@ -249,6 +249,20 @@ def _take_over(fds: Sequence[int], request: Request) -> None:
     os.environ.update(request.env)
     os.chdir(request.cwd)
     os.setpgid(0, 0)  # its own group: signals and the final kill reach what it starts (data loader workers ...)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the standby (its relay to the wrapper) dies: the wrapper then records the rank
+    as killed, and nothing runs on unseen. Best effort: Linux's PR_SET_PDEATHSIG."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the standby died before the call took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _relay(conn: socket.socket, pid: int) -> int:
@@ -309,13 +323,16 @@ class Remote:
             pass
 
     def wait(self) -> int:
-        """Its status; a standby gone without saying is the rank killed with it."""
+        """Its status; a standby gone without saying is the rank killed with it (``_die_with_parent``)."""
         while True:
             try:
                 message, _ = recv_message(self.conn)
                 break
             except InterruptedError:
                 continue
+            except OSError:  # reset by a standby that died
+                message = None
+                break
         self.conn.close()
         if message is None or not isinstance(message.get("exit"), int):
             return -signal.SIGKILL

@@ -187,6 +187,20 @@ def _bound(where: bytes) -> bool:
     return True
 
 
+def test_a_rank_dies_with_its_standby_and_the_wrapper_records_the_kill(slot, tmp_path):
+    env, proc = slot
+    rank = wrapped(env, tmp_path, sys.executable, "rank.py", "sleep")
+    pid = int(rank.stdout.readline().split()[-1])
+    proc.kill()  # the standby (the rank's relay to its wrapper) is gone
+    assert rank.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    (end,) = read_ends(tmp_path / "run")
+    assert (end.signal, end.started) == (signal.SIGKILL, "standby")
+
+
 def test_other_commands_start_cold(slot, tmp_path):
     env, _ = slot
     done = wrapped(env, tmp_path, sys.executable, "-u", "rank.py", "4")

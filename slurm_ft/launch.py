@@ -483,7 +483,7 @@ class Launcher:
         """One pre-imported standby per task slot of the attempt's nodes, in a step of its own, for the next
         restart; started again when it has ended (a node of it died)."""
         python = self._standby_python()
-        if python is None or (self._standby is not None and self._standby.poll() is None):
+        if python is None or self._standby_ready():
             return
         argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * tasks_per_node}",
                 f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(chosen)}", "--overlap",
@@ -502,7 +502,7 @@ class Launcher:
         """The standbys exit quietly on their stop signal (srun's own SIGTERM would SIGKILL them, noisily)."""
         from slurm_ft.train.standby import STOP_SIGNAL
 
-        if self._standby is None or self._standby.poll() is not None:
+        if not self._standby_ready():
             return
         self._standby.send_signal(STOP_SIGNAL)
         deadline = self.clock() + 5.0

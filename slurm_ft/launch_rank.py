@@ -173,7 +173,7 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
             continue
     when = time.time()
     if how == "standby":  # counted in the standby's cgroup, where the rank ran
-        before, after = (0, child.oom_kills) if child.oom_kills is not None else (None, None)
+        before, after = child.oom_counts
     else:
         after = oom_kills() if code < 0 else before
     if run_dir and rank_text.isdigit():

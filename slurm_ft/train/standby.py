@@ -225,10 +225,8 @@ def _handle(conn: socket.socket, config: StandbyConfig, oom_kills: Callable[[], 
         code = _relay(conn, pid)
     finally:
         _busy.clear()
-    after = oom_kills()
-    oom = None if before is None or after is None else max(0, after - before)
-    try:
-        send_message(conn, {"exit": code, "oom_kills": oom})
+    try:  # the cgroup's counter around the rank: the wrapper's end record takes the difference
+        send_message(conn, {"exit": code, "oom_before": before, "oom_after": oom_kills()})
     except OSError:
         pass  # the wrapper is gone: nobody to tell
     return None
@@ -310,11 +308,12 @@ def run_rank(request: Request) -> None:
 
 # --- the wrapper's side -----------------------------------------------------------------------------------------
 class Remote:
-    """A rank run by a standby: its pid, its signals, its end (Popen's returncode) and the OOM kills counted."""
+    """A rank run by a standby: its pid, its signals, its end (Popen's returncode) and the OOM killer's counter
+    of the standby's cgroup before and after it ran (None: not readable)."""
 
     def __init__(self, conn: socket.socket, pid: int) -> None:
         self.conn, self.pid = conn, pid
-        self.oom_kills: int | None = None
+        self.oom_counts: tuple[int | None, int | None] = (None, None)
 
     def send_signal(self, sig: int) -> None:
         try:
@@ -336,8 +335,8 @@ class Remote:
         self.conn.close()
         if message is None or not isinstance(message.get("exit"), int):
             return -signal.SIGKILL
-        oom = message.get("oom_kills")
-        self.oom_kills = oom if isinstance(oom, int) else None
+        self.oom_counts = tuple(v if isinstance(v, int) else None
+                                for v in (message.get("oom_before"), message.get("oom_after")))
         return message["exit"]
 
 

@@ -32,34 +32,41 @@ RANK_SCRIPT = textwrap.dedent("""\
     """)
 
 
+def slot_env(tmp_path, **extra: str) -> dict[str, str]:
+    """A wrapper's environment for slot (a fresh job, n1, 0), rank 0, with ``rank.py`` in ``tmp_path``."""
+    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
+    return {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
+            "RANK": "0", "SLURM_FT_RUN_DIR": str(tmp_path / "run"), **extra}
+
+
+def start_standby(env: dict[str, str], preload: str, **kw) -> subprocess.Popen:
+    """The slot's standby, once it listens (it answers from then on; a request waits for its imports)."""
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+                             "--preload", preload], env=env, **kw)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not _bound(standby.slot_address(env)):
+        time.sleep(0.05)
+    return proc
+
+
+def _bound(where: bytes) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(where)
+        except OSError:
+            return False
+    return True
+
+
 @pytest.fixture
 def slot(tmp_path):
     """A standby for slot (job, n1, 0) preloading only `json`, and the environment its wrappers get."""
-    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
-    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
-           "SLURM_FT_RUN_DIR": str(tmp_path / "run"), "RANK": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
-                             "--preload", "json"], env=env, stderr=subprocess.PIPE, text=True)
-    where = standby.slot_address(env)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _listening(where):
-        time.sleep(0.05)
+    env = slot_env(tmp_path)
+    proc = start_standby(env, "json", stderr=subprocess.PIPE, text=True)
     env[standby.ENV] = sys.executable
     yield env, proc
     proc.kill()
     proc.wait()
-
-
-def _listening(where: bytes) -> bool:
-    """The standby listens and answers (a request without descriptors is refused)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(where)
-            standby.send_message(probe, {})
-            reply, _ = standby.recv_message(probe)
-        except OSError:
-            return False
-    return reply is not None
 
 
 def wrapped(env, tmp_path, *args, **kw):
@@ -124,11 +131,7 @@ def test_the_stop_signal_waits_for_a_running_rank_then_ends_the_standby_quietly(
     rank.send_signal(signal.SIGTERM)
     assert rank.wait(timeout=30) == -signal.SIGTERM
     assert proc.wait(timeout=10) == 0
-    idle = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
-                             "--preload", "json"], env=env)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _listening(standby.slot_address(env)):
-        time.sleep(0.05)
+    idle = start_standby(env, "json")
     idle.send_signal(standby.STOP_SIGNAL)
     assert idle.wait(timeout=10) == 0
 
@@ -155,17 +158,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_request_while_the_standby_still_imports_waits_for_the_imports(tmp_path):
-    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
     (tmp_path / "slowmod.py").write_text("import time\ntime.sleep(4)\n")
-    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
-           "RANK": "0", "SLURM_FT_RUN_DIR": str(tmp_path / "run"),
-           "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
-                             "--preload", "slowmod"], env=env)
+    env = slot_env(tmp_path, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    proc = start_standby(env, "slowmod")
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not _bound(standby.slot_address(env)):
-            time.sleep(0.05)
         env[standby.ENV] = sys.executable
         asked = time.monotonic()
         early = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
@@ -176,15 +172,6 @@ def test_a_request_while_the_standby_still_imports_waits_for_the_imports(tmp_pat
     finally:
         proc.kill()
         proc.wait()
-
-
-def _bound(where: bytes) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(where)
-        except OSError:
-            return False
-    return True
 
 
 def test_a_rank_dies_with_its_standby_and_the_wrapper_records_the_kill(slot, tmp_path):
@@ -210,9 +197,7 @@ def test_other_commands_start_cold(slot, tmp_path):
 
 
 def test_without_a_standby_the_rank_starts_cold(tmp_path):
-    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
-    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
-           "RANK": "0", standby.ENV: sys.executable}
+    env = slot_env(tmp_path, **{standby.ENV: sys.executable})
     done = wrapped(env, tmp_path, sys.executable, "rank.py", "5")
     out, err = done.communicate(timeout=30)
     assert done.returncode == 5 and "standby not reachable" in err and out.startswith("out 0")
@@ -242,9 +227,7 @@ def test_another_user_is_refused(slot):
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to listen as another user")
 def test_the_wrapper_tells_nothing_to_a_standby_of_another_user(tmp_path):
-    (tmp_path / "rank.py").write_text(RANK_SCRIPT)
-    env = {**os.environ, "SLURM_JOB_ID": f"t{uuid.uuid4().hex[:12]}", "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0",
-           "RANK": "0", "SECRET_TOKEN": "s3cret", standby.ENV: sys.executable}
+    env = slot_env(tmp_path, SECRET_TOKEN="s3cret", **{standby.ENV: sys.executable})
     nobody = pwd.getpwnam("nobody")
     read, write = os.pipe()
     ready_r, ready_w = os.pipe()

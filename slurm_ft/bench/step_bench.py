@@ -1,15 +1,17 @@
 """``slurm-ft bench step``: what the checkpoint manager costs per training step when it does not save.
 
-    slurm-ft bench step [--ranks 1,2,4,8] [--steps 300] [--step-s 1.0] [--out DIR]
+    slurm-ft bench step [--ranks 1,2,4,8] [--steps 300] [--step-s 1.0] [--agree-every-s 2] [--out DIR]
 
 Per rank count, real processes in a gloo group on this host each build a CheckpointManager with signal handlers
-installed (as a launched job has them; auto mode does the same one all-reduce) and an interval it never reaches,
+installed (as a launched job has them; auto mode does the same all-reduce) and an interval it never reaches,
 then, for --steps steps after --warmup, sleep --compute-ms (the step's compute), time ``maybe_save(step)`` and
-the bare gloo all-reduce of the same two int32s on a group of their own beside it. The manager's agreement is
-pipelined (started in one step, waited for in the next), so ``maybe_save`` measures what stays on the critical
-path; the bare all-reduce measures the collective itself. The per-step cost at P ranks is the median over steps of the
-slowest rank's time. The model (``slurm_ft.bench.step_model``) is fitted to those and extrapolated to 1k-16k ranks
-as a fraction of a --step-s step. With more ranks than cores the processes share cores: the 8-rank figure includes
+the bare gloo all-reduce of the same three int32s on a group of their own beside it. Twice: agreeing every step
+(``agree_every_s=0``: what a step that agrees pays) and spaced as configured (a step between agreements, and
+the mean). The manager's agreement is pipelined (started in one step, waited for in the next), so
+``maybe_save`` measures what stays on the critical path; the bare all-reduce measures the collective itself. The
+per-step cost at P ranks is the median (and, spaced, the mean) over steps of the slowest rank's time. The model
+(``slurm_ft.bench.step_model``) is fitted to those and extrapolated to 1k-16k ranks as a fraction of a --step-s
+step. With more ranks than cores the processes share cores: the 8-rank figure includes
 context switches. Outputs: the tables on stdout, step.json in --out.
 """
 
@@ -37,18 +39,34 @@ EVERY_NEVER = 10**12
 def _worker(rank: int, world: int, plan: dict[str, Any], out: str) -> None:
     import logging
 
+    import torch.distributed as dist
+
+    logging.getLogger("slurm_ft").addHandler(logging.StreamHandler(sys.stderr))
+    logging.getLogger("slurm_ft").setLevel(logging.WARNING)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    bare = dist.new_group(backend="gloo")
+    times = {"manager": _time_steps(plan, 0.0, bare)["manager"]}
+    spaced = _time_steps(plan, plan["agree_every_s"], bare)
+    times.update(spaced=spaced["manager"], allreduce=spaced["allreduce"])
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, times)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _time_steps(plan: dict[str, Any], agree_every_s: float, bare: Any) -> dict[str, list[float]]:
+    """Per measured step: ``maybe_save`` of a manager agreeing every ``agree_every_s``, and a bare all-reduce."""
     import torch
     import torch.distributed as dist
 
     from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
 
-    logging.getLogger("slurm_ft").addHandler(logging.StreamHandler(sys.stderr))
-    logging.getLogger("slurm_ft").setLevel(logging.WARNING)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
-    mgr = CheckpointManager(CheckpointConfig(dir=plan["dir"], every=EVERY_NEVER), model=torch.nn.Linear(4, 4))
+    mgr = CheckpointManager(CheckpointConfig(dir=plan["dir"], every=EVERY_NEVER, agree_every_s=agree_every_s),
+                            model=torch.nn.Linear(4, 4))
     mgr.install_signal_handlers()
-    bare = dist.new_group(backend="gloo")
-    flags = torch.zeros(2, dtype=torch.int32)
+    flags = torch.zeros(3, dtype=torch.int32)
     times: dict[str, list[float]] = {"manager": [], "allreduce": []}
     for i in range(plan["warmup"] + plan["steps"]):
         time.sleep(plan["compute_s"])  # the training step's compute: the pipelined agreement runs meanwhile
@@ -63,12 +81,7 @@ def _worker(rank: int, world: int, plan: dict[str, Any], out: str) -> None:
             times["manager"].append(middle - start)
             times["allreduce"].append(end - middle)
     mgr.close()
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, times)
-    if rank == 0:
-        Path(out).write_text(json.dumps(gathered))
-    dist.barrier()
-    dist.destroy_process_group()
+    return times
 
 
 def slowest_rank(per_rank: list[list[float]]) -> list[float]:
@@ -88,9 +101,11 @@ def measure(world: int, plan: dict[str, Any]) -> dict[str, Any]:
         mp.spawn(_worker, args=(world, {**plan, "dir": str(Path(tmp) / "ckpt")}, str(out)), nprocs=world)
         ranks = json.loads(out.read_text())
     manager = slowest_rank([r["manager"] for r in ranks])
+    spaced = slowest_rank([r["spaced"] for r in ranks])
     bare = slowest_rank([r["allreduce"] for r in ranks])
     p90 = sorted(manager)[int(0.9 * (len(manager) - 1))]
     return {"ranks": world, "manager_s": statistics.median(manager), "manager_p90_s": p90,
+            "base_s": statistics.median(spaced), "spaced_mean_s": statistics.fmean(spaced),
             "allreduce_s": statistics.median(bare)}
 
 
@@ -103,6 +118,8 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
     p.add_argument("--step-s", type=float, default=1.0, help="training step the cost is compared with (s)")
     p.add_argument("--compute-ms", type=float, default=20.0,
                    help="simulated compute per training step (a sleep), during which the agreement runs (default 20)")
+    p.add_argument("--agree-every-s", type=float, default=sm.AGREE_EVERY_S,
+                   help="the managers' agree_every_s in the spaced pass and the model (default: the manager's, 2)")
     p.add_argument("--hop-us", type=float, default=30.0,
                    help="assumed network hop for the what-if table, microseconds (default 30)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
@@ -113,7 +130,7 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
         p.error(f"--ranks must be integers, got {args.ranks!r}")
     try:
         config = sm.StepConfig(ranks=ranks, steps=args.steps, warmup=args.warmup, step_s=args.step_s,
-                               hop_us=args.hop_us, compute_ms=args.compute_ms)
+                               hop_us=args.hop_us, compute_ms=args.compute_ms, agree_every_s=args.agree_every_s)
     except ConfigError as exc:
         p.error(str(exc))
     return config, args.out
@@ -123,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     config, out = parse(argv)
-    plan = {"steps": config.steps, "warmup": config.warmup, "compute_s": config.compute_ms / 1e3}
+    plan = {"steps": config.steps, "warmup": config.warmup, "compute_s": config.compute_ms / 1e3,
+            "agree_every_s": config.agree_every_s}
     measured = []
     for world in config.ranks:
         print(f"{world} rank(s)...", file=sys.stderr, flush=True)

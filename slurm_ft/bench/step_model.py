@@ -1,10 +1,14 @@
 """The pure half of ``slurm-ft bench step``: the per-step collective's cost model and its extrapolation.
 
-The manager's per-step agreement (``CheckpointManager._agree``) is one gloo all-reduce(MAX) of two int32s: a
-latency-bound collective, pipelined: started in one step, waited for in the next. What a step pays is the
-manager's fixed overhead (``maybe_save`` measured with the collective already done) plus whatever part of the
-collective a training step of ``step_s`` does not hide: ``overhead + max(0, t(P) - step_s)``. Two models are
-fitted to the measured bare all-reduce t(P) at P ranks, least squares:
+The manager's agreement (``CheckpointManager._agree``) is one gloo all-reduce(MAX) of three int32s: a
+latency-bound collective, pipelined (started in one step, waited for in the next) and spaced: one every K steps,
+K = max(1, floor(agree_every_s / step_s)). An agreement costs the manager's overhead (``maybe_save`` measured
+agreeing every step, the collective already done) plus whatever part of the collective a training step of
+``step_s`` does not hide; the K-1 steps between agreements pay only a call that does nothing (``base``). Per step:
+
+    base + (overhead + max(0, t(P) - step_s)) / K
+
+Two models are fitted to the measured bare all-reduce t(P) at P ranks, least squares:
 
     tree:  t(P) = alpha * log2(P) + beta     (a latency-optimal all-reduce: recursive doubling, a tree)
     ring:  t(P) = alpha * (P - 1) + beta     (a ring: 2(P-1) sequential steps; gloo's default algorithm)
@@ -33,6 +37,7 @@ SCHEMA = "slurm-ft/bench-step/1"
 DEFAULT_RANKS = (1, 2, 4, 8)
 EXTRAPOLATE = (1024, 2048, 4096, 8192, 16384)
 TARGET_RANKS, TARGET_FRACTION = 1024, 0.001  # issue 15: <= 0.1% of a 1 s step at 1024 ranks
+AGREE_EVERY_S = 2.0  # the manager's default (slurm_ft.train.checkpoint.AGREE_EVERY_S; torch-free here)
 MODELS = {"tree": lambda p: math.log2(p), "ring": lambda p: p - 1.0}
 
 
@@ -48,6 +53,7 @@ class StepConfig:
     extrapolate: tuple[int, ...] = EXTRAPOLATE
     hop_us: float = 30.0
     compute_ms: float = 20.0
+    agree_every_s: float = AGREE_EVERY_S
 
     def __post_init__(self) -> None:
         require(bool(self.ranks) and all(isinstance(r, int) and r >= 1 for r in self.ranks), "ranks",
@@ -61,6 +67,8 @@ class StepConfig:
                 f"must be > 0 seconds, got {self.step_s!r}")
         require(isinstance(self.compute_ms, (int, float)) and self.compute_ms >= 0, "compute_ms",
                 f"must be >= 0 milliseconds, got {self.compute_ms!r}")
+        require(isinstance(self.agree_every_s, (int, float)) and self.agree_every_s >= 0, "agree_every_s",
+                f"must be >= 0 seconds (0: every step), got {self.agree_every_s!r}")
         require(isinstance(self.hop_us, (int, float)) and self.hop_us > 0, "hop_us",
                 f"must be > 0 microseconds, got {self.hop_us!r}")
         require(bool(self.extrapolate) and all(isinstance(r, int) and r >= 1 for r in self.extrapolate),
@@ -94,31 +102,46 @@ def fit(model: str, points: Sequence[tuple[int, float]]) -> Fit:
     return Fit(model, alpha, my - alpha * mx)
 
 
-def exposed_s(collective_s: float, overhead_s: float, step_s: float) -> float:
-    """What a step pays for a pipelined collective: the fixed overhead plus the part the step does not hide."""
-    return overhead_s + max(0.0, collective_s - step_s)
+def spacing(agree_every_s: float, step_s: float) -> int:
+    """Steps from one agreement to the next, as the manager picks it for steps of ``step_s``."""
+    return max(1, int(agree_every_s / step_s)) if agree_every_s > 0 else 1
 
 
-def extrapolate(fits: Sequence[Fit], ranks: Sequence[int], step_s: float, overhead_s: float) -> list[dict[str, Any]]:
-    """One row per rank count: each model's collective seconds and, pipelined, the fraction of a step it costs."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Costs:
+    """The manager's measured costs, seconds: ``overhead`` of a step that agrees, ``base`` of one that does not."""
+
+    overhead_s: float
+    base_s: float = 0.0
+    agree_every_s: float = 0.0
+
+    def per_step_s(self, collective_s: float, step_s: float) -> float:
+        """What a step pays on average: the base, plus an agreement's overhead and the part of its collective
+        the step does not hide, once per ``spacing`` steps."""
+        agreement = self.overhead_s + max(0.0, collective_s - step_s)
+        return self.base_s + agreement / spacing(self.agree_every_s, step_s)
+
+
+def extrapolate(fits: Sequence[Fit], ranks: Sequence[int], step_s: float, costs: Costs) -> list[dict[str, Any]]:
+    """One row per rank count: each model's collective seconds and the fraction of a step it costs."""
     rows = []
     for p in ranks:
         row: dict[str, Any] = {"ranks": p}
         for f in fits:
             row[f"{f.model}_s"] = f.predict_s(p)
-            row[f"{f.model}_fraction"] = exposed_s(f.predict_s(p), overhead_s, step_s) / step_s
+            row[f"{f.model}_fraction"] = costs.per_step_s(f.predict_s(p), step_s) / step_s
         rows.append(row)
     return rows
 
 
-def what_if(hop_s: float, overhead_s: float, ranks: Sequence[int], step_s: float) -> list[dict[str, Any]]:
+def what_if(hop_s: float, costs: Costs, ranks: Sequence[int], step_s: float) -> list[dict[str, Any]]:
     """Per rank count: an assumed per-hop latency through a tree (log2 P hops) and gloo's ring (2(P-1) hops);
-    the collective's seconds and, pipelined, the fraction of a ``step_s`` step it costs."""
+    the collective's seconds and the fraction of a ``step_s`` step it costs."""
     rows = []
     for p in ranks:
         tree, ring = hop_s * math.log2(p), hop_s * 2 * (p - 1)
-        rows.append({"ranks": p, "tree_s": tree, "tree_fraction": exposed_s(tree, overhead_s, step_s) / step_s,
-                     "ring_s": ring, "ring_fraction": exposed_s(ring, overhead_s, step_s) / step_s})
+        rows.append({"ranks": p, "tree_s": tree, "tree_fraction": costs.per_step_s(tree, step_s) / step_s,
+                     "ring_s": ring, "ring_fraction": costs.per_step_s(ring, step_s) / step_s})
     return rows
 
 
@@ -128,22 +151,26 @@ def target(rows: Sequence[dict[str, Any]], step_s: float) -> dict[str, Any]:
     row = next(r for r in rows if r["ranks"] == TARGET_RANKS)
     worst = max(row["tree_fraction"], row["ring_fraction"])
     return {"target": f"per-step cost <= {TARGET_FRACTION:.1%} of a {step_s:g} s step at {TARGET_RANKS} ranks "
-                      "(pipelined agreement, the worse of tree and ring)", "fraction": worst,
+                      "(pipelined, spaced agreement, the worse of tree and ring)", "fraction": worst,
             "met": worst <= TARGET_FRACTION, "ring_fraction": row["ring_fraction"]}
 
 
 def payload(config: StepConfig, measured: Sequence[dict[str, Any]], host: dict[str, Any]) -> dict[str, Any]:
-    """JSON-ready: config, host, the measured rows (``ranks``, ``manager_s``, ``allreduce_s``), fits of the bare
-    all-reduce, the pipelined extrapolation and what-if, and the target. The overhead is the largest measured
-    ``maybe_save`` (conservative: on this host it includes waiting for a collective the sleep did not hide)."""
+    """JSON-ready: config, host, the measured rows (``ranks``; ``manager_s``: ``maybe_save`` agreeing every
+    step; ``base_s``: a spaced call that does not agree (median); ``spaced_mean_s``: the spaced mean;
+    ``allreduce_s``), fits of the bare all-reduce, the extrapolation and what-if, and the target. The overhead
+    and base are the largest measured (conservative: on this host the overhead includes waiting for a collective
+    the sleep did not hide)."""
     points = [(m["ranks"], m["allreduce_s"]) for m in measured]
     fits = [fit(name, points) for name in MODELS]
-    overhead = max(m["manager_s"] for m in measured)
+    costs = Costs(max(m["manager_s"] for m in measured), max(m.get("base_s", 0.0) for m in measured),
+                  config.agree_every_s)
     extent = sorted(set(config.extrapolate) | {TARGET_RANKS})
-    what = what_if(config.hop_us * 1e-6, overhead, extent, config.step_s)
+    what = what_if(config.hop_us * 1e-6, costs, extent, config.step_s)
     return {"schema": SCHEMA, "config": dataclasses.asdict(config), "host": host, "measured": list(measured),
-            "fits": [dataclasses.asdict(f) for f in fits], "overhead_s": overhead,
-            "extrapolated": extrapolate(fits, config.extrapolate, config.step_s, overhead),
+            "fits": [dataclasses.asdict(f) for f in fits], "overhead_s": costs.overhead_s, "base_s": costs.base_s,
+            "spacing": spacing(config.agree_every_s, config.step_s),
+            "extrapolated": extrapolate(fits, config.extrapolate, config.step_s, costs),
             "what_if": what, "target": target(what, config.step_s)}
 
 
@@ -152,13 +179,19 @@ def render(data: dict[str, Any]) -> str:
     from slurm_ft.bench.report import Column, records_table
 
     us = lambda key: (lambda r: None if r.get(key) is None else r[key] * 1e6)  # noqa: E731
-    lines = [records_table(data["measured"], {"ranks": "ranks", Column("maybe_save us", ".1f"): us("manager_s"),
-                                              Column("bare all_reduce us", ".1f"): us("allreduce_s"),
-                                              Column("p90 us", ".1f"): us("manager_p90_s")}), ""]
+    lines = [records_table(data["measured"], {"ranks": "ranks",
+                                              Column("agreeing every step us", ".1f"): us("manager_s"),
+                                              Column("p90 us", ".1f"): us("manager_p90_s"),
+                                              Column("spaced: mean us", ".1f"): us("spaced_mean_s"),
+                                              Column("between agreements us", ".1f"): us("base_s"),
+                                              Column("bare all_reduce us", ".1f"): us("allreduce_s")}), ""]
     for f in data["fits"]:
         x = "log2(P)" if f["model"] == "tree" else "(P-1)"
         lines.append(f"{f['model']}: all-reduce t(P) = {f['alpha_s'] * 1e6:.2f} us * {x} + {f['beta_s'] * 1e6:.1f} us")
-    lines.append(f"pipelined: a step pays {data['overhead_s'] * 1e6:.1f} us + max(0, t(P) - step); % of step below")
+    k, every = data.get("spacing", 1), data["config"].get("agree_every_s", 0)
+    lines.append(f"pipelined, one agreement every {k} step(s) of {data['config']['step_s']:g} s (agree_every_s "
+                 f"{every:g}): a step pays {data.get('base_s', 0.0) * 1e6:.1f} us + ({data['overhead_s'] * 1e6:.1f} "
+                 f"us + max(0, t(P) - step)) / {k}; % of step below")
     lines += ["", records_table(data["extrapolated"], {
         "ranks": lambda r: f"{r['ranks']:,}", Column("tree ms", ".3f"): lambda r: r["tree_s"] * 1e3,
         Column("tree % of step", ".4%"): "tree_fraction", Column("ring ms", ".2f"): lambda r: r["ring_s"] * 1e3,

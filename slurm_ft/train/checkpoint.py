@@ -17,8 +17,12 @@ doing DCP I/O, so they never interleave with each other or with training collect
 
 ``every="auto"`` picks the interval in seconds (Young/Daly, :mod:`slurm_ft.interval`) from the measured save
 cost and the observed failure rate. Rank 0 alone keeps the estimator and decides from its own clock; the
-decision rides on the one small all-reduce per step the manager already does for emergency signals, so every
-rank saves at the same step without an extra collective.
+decision rides on the small all-reduce the manager already does for emergency signals, so every rank saves at the
+same step without an extra collective.
+
+That agreement is cheap per step: it runs once per ``agree_every_s`` of training (every K-th ``maybe_save``, K
+chosen by rank 0 from its step time and agreed with the flags, so every rank has the same schedule), and it is
+pipelined: started in one step, acted on in the next, the collective hidden behind that step's compute.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ NOT_FAILURES = NOT_FAULTS
 EMERGENCY_DEADLINE_S = 20.0  # default: fits Slurm's default KillWait (30 s) with the launcher's wait (25 s)
 AUTO = "auto"  # CheckpointConfig.every: Young/Daly interval from measured cost and failure rate
 AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training time before a run's first save
+AGREE_EVERY_S = 2.0  # default training time between two agreements on signals and saves (a signal waits this long)
 
 
 class CheckpointError(SlurmFtError):
@@ -98,7 +103,10 @@ class CheckpointConfig:
     minus the step time for USR1); verify: sha256 of every file at load (False: sizes only);
     write_threads: DCP writer threads per rank; reuse_staging_buffers: keep the host staging copy between
     async saves (faster stalls, one state's worth of host memory); collective_timeout_s: timeout of the
-    manager's gloo groups (a dead peer fails a save instead of hanging it); run_id: the run identity that
+    manager's gloo groups (a dead peer fails a save instead of hanging it); agree_every_s: training seconds
+    between two agreements on emergency signals and due saves (0: every step; at most a quarter of
+    emergency_deadline_s); a signal is acted on up to this much plus one step later (at the recent step time),
+    an auto save is not agreed later than due; run_id: the run identity that
     owns the dir (None: from the environment, ``SLURM_FT_RUN_ID`` else ``SLURM_JOB_ID``, which a requeued job
     keeps; neither set: no identity, no ownership check); adopt: take over a dir another run owns, e.g. to
     fine-tune from its checkpoint (SLURM_FT_CKPT_ADOPT=1; without it such a dir is refused).
@@ -115,6 +123,7 @@ class CheckpointConfig:
     write_threads: int = 2
     reuse_staging_buffers: bool = True
     collective_timeout_s: float = 600.0
+    agree_every_s: float = AGREE_EVERY_S
     run_id: str | None = None
     adopt: bool = False
 
@@ -143,6 +152,9 @@ class CheckpointConfig:
             value = getattr(self, name)
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
                     f"must be > 0 seconds, got {value!r}")
+        value = self.agree_every_s
+        require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, "agree_every_s",
+                f"must be >= 0 seconds (0: every step), got {value!r}")
 
     @property
     def auto(self) -> bool:
@@ -318,6 +330,10 @@ class CheckpointManager:
         self._interval_lock = threading.Lock()  # the save thread feeds the estimator, the main thread reads it
         self._train_since = self._running_since = clock()
         self._agreement: tuple[Any, torch.Tensor] | None = None  # the all-reduce in flight (_agree)
+        self.agreements = 0  # agreements this rank started (one per K maybe_save calls)
+        self._calls = 0  # maybe_save calls so far; agreements start at call numbers every rank knows
+        self._agree_at = 0  # the call that starts the next agreement
+        self._last_agreement: tuple[int, float] | None = None  # rank 0: (call, clock) of the last one it started
 
     # ---- ownership (run identity) ----
     def _claim(self) -> None:
@@ -540,23 +556,52 @@ class CheckpointManager:
 
     def _agree(self) -> tuple[int, bool]:
         """(emergency signal any rank got or 0, whether rank 0 finds a save due), the same on every rank, once
-        signal handlers are installed and always in auto mode. Pipelined off the critical path: each call starts
-        a gloo all-reduce(MAX) of this step's flags without waiting for it, and acts on the previous call's, which
-        had a whole training step to finish. Every rank acts on the same flags at the same step, one step after
-        they were raised: a signal is saved one step later, well inside the emergency deadline."""
+        signal handlers are installed and always in auto mode.
+
+        Off the critical path: an agreement is a gloo all-reduce(MAX) of (signal, due, K) started by one call
+        without waiting for it; the next call acts on it, after a whole training step. Only every K-th call
+        starts one: K is rank 0's proposal (:meth:`_proposed_spacing`), agreed with the flags, so every rank
+        starts the next agreement at the same call. Every rank acts on the same flags at the same step: a signal
+        up to ``agree_every_s`` plus one step after it came, well inside the emergency deadline."""
         if not self._signals and not self.config.auto:
             return 0, False
-        flags = [self._signal_received or 0, int(self._save_due())]
-        if self._distributed:
-            agreed = self._finish_agreement() or [0, 0]
-            tensor = torch.tensor(flags, dtype=torch.int32)
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl_group, async_op=True)
-            self._agreement = (work, tensor)
-            flags = agreed
-        signum, due = flags
+        if not self._distributed:
+            signum, due = self._signal_received or 0, int(self._save_due())
+        else:
+            signum, due = self._agree_distributed()
         if signum:
             self._arm(signum)  # a peer got it: same deadline, counted from now
         return signum, bool(due)
+
+    def _agree_distributed(self) -> tuple[int, int]:
+        call = self._calls
+        self._calls += 1
+        agreed = self._finish_agreement()  # started by the previous call
+        signum = due = 0
+        if agreed is not None:
+            signum, due, spacing = agreed
+            self._agree_at = call - 1 + spacing
+        if call == self._agree_at:
+            self.agreements += 1
+            spacing = self._proposed_spacing(call) if self.rank == 0 else 1
+            tensor = torch.tensor([self._signal_received or 0, int(self._save_due()), spacing], dtype=torch.int32)
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl_group, async_op=True)
+            self._agreement = (work, tensor)
+        return signum, due
+
+    def _proposed_spacing(self, call: int) -> int:
+        """Rank 0: calls from this agreement to the next, K >= 1: ``agree_every_s`` of steps (at most a quarter
+        of the emergency deadline), and no later than the auto interval's next save is due. The step time is the mean since the previous agreement."""
+        now = self._clock()
+        last = self._last_agreement
+        self._last_agreement = (call, now)
+        if last is None or call == last[0] or self.config.agree_every_s <= 0:
+            return 1
+        step_s = (now - last[1]) / (call - last[0])
+        horizon = min(self.config.agree_every_s, self.config.emergency_deadline_s / 4)
+        if self._interval is not None:
+            horizon = min(horizon, self._threshold_s() - (now - self._train_since))
+        return max(1, min(2**30, int(horizon / step_s))) if step_s > 0 else 1
 
     def _finish_agreement(self) -> list[int] | None:
         """Wait for the all-reduce the previous ``_agree`` started; its agreed flags, or None when none ran."""

@@ -27,48 +27,68 @@ def test_fit_clamps_a_falling_cost_and_refuses_one_point():
 
 def test_extrapolation_and_target_arithmetic():
     fits = [sm.Fit("tree", 50e-6, 100e-6), sm.Fit("ring", 10e-6, 100e-6)]
-    rows = sm.extrapolate(fits, [1024, 16384], step_s=2.0, overhead_s=50e-6)
+    rows = sm.extrapolate(fits, [1024, 16384], step_s=2.0, costs=sm.Costs(50e-6))
     assert rows[0]["tree_s"] == pytest.approx(600e-6)
     assert rows[0]["tree_fraction"] == pytest.approx(50e-6 / 2.0)  # pipelined: 0.6 ms hides in a 2 s step
     assert rows[1]["ring_s"] == pytest.approx(10e-6 * 16383 + 100e-6)
 
 
 def test_a_pipelined_collective_costs_its_overhead_plus_what_the_step_does_not_hide():
-    assert sm.exposed_s(0.4, 50e-6, 1.0) == pytest.approx(50e-6)
-    assert sm.exposed_s(1.5, 50e-6, 1.0) == pytest.approx(0.5 + 50e-6)
+    every_step = sm.Costs(50e-6)
+    assert every_step.per_step_s(0.4, 1.0) == pytest.approx(50e-6)
+    assert every_step.per_step_s(1.5, 1.0) == pytest.approx(0.5 + 50e-6)
+
+
+def test_a_spaced_agreement_is_paid_once_per_k_steps_plus_the_base_of_every_step():
+    assert sm.spacing(2.0, 1.0) == 2 and sm.spacing(2.0, 0.02) == 100 and sm.spacing(2.0, 3.0) == 1
+    assert sm.spacing(0, 0.02) == 1
+    spaced = sm.Costs(1.4e-3, base_s=5e-6, agree_every_s=2.0)
+    assert spaced.per_step_s(0.061, 1.0) == pytest.approx(5e-6 + 1.4e-3 / 2)  # 0.075% of a 1 s step
+    assert spaced.per_step_s(3.5, 3.0) == pytest.approx(5e-6 + 1.4e-3 + 0.5)  # 3 s steps: K = 1
+    assert sm.target(sm.what_if(30e-6, spaced, [1024], 1.0), 1.0)["met"] is True
+    assert sm.target(sm.what_if(30e-6, sm.Costs(1.4e-3), [1024], 1.0), 1.0)["met"] is False
 
 
 def test_what_if_counts_hops_of_a_tree_and_a_ring_and_the_target_takes_the_worse():
-    rows = sm.what_if(30e-6, 50e-6, [1, 1024, 16384], step_s=1.0)
+    rows = sm.what_if(30e-6, sm.Costs(50e-6), [1, 1024, 16384], step_s=1.0)
     assert rows[0]["tree_s"] == 0.0 and rows[0]["ring_s"] == 0.0
     assert rows[1]["tree_s"] == pytest.approx(10 * 30e-6) and rows[1]["ring_s"] == pytest.approx(2 * 1023 * 30e-6)
     assert rows[1]["ring_fraction"] == pytest.approx(50e-6)  # 61 ms of ring hides in a 1 s step
     assert rows[2]["ring_fraction"] == pytest.approx(50e-6)  # 983 ms still hides in a 1 s step
-    [short] = sm.what_if(30e-6, 50e-6, [16384], step_s=0.5)  # not in a 0.5 s step: the rest shows
+    [short] = sm.what_if(30e-6, sm.Costs(50e-6), [16384], step_s=0.5)  # not in a 0.5 s step: the rest shows
     assert short["ring_fraction"] == pytest.approx((2 * 16383 * 30e-6 - 0.5 + 50e-6) / 0.5)
     t = sm.target(rows, 1.0)
     assert t["met"] is True and t["fraction"] == pytest.approx(50e-6)
-    slow = sm.what_if(30e-6, 2e-3, [1024], step_s=1.0)  # 2 ms of overhead per step: 0.2%
+    slow = sm.what_if(30e-6, sm.Costs(2e-3), [1024], step_s=1.0)  # 2 ms of overhead per step: 0.2%
     assert sm.target(slow, 1.0)["met"] is False
 
 
 def test_payload_and_render():
-    measured = [{"ranks": p, "manager_s": 60e-6, "manager_p90_s": 1e-4,
+    measured = [{"ranks": p, "manager_s": 60e-6, "manager_p90_s": 1e-4, "base_s": 2e-6, "spaced_mean_s": 3e-6,
                  "allreduce_s": 30e-6 * math.log2(p) + 60e-6} for p in (1, 2, 4, 8)]
     data = sm.payload(sm.StepConfig(), measured, {"cpus": 2})
     assert [f["model"] for f in data["fits"]] == ["tree", "ring"]
     assert [r["ranks"] for r in data["extrapolated"]] == list(sm.EXTRAPOLATE)
-    assert data["overhead_s"] == pytest.approx(60e-6)
+    assert data["overhead_s"] == pytest.approx(60e-6) and data["base_s"] == pytest.approx(2e-6)
+    assert data["spacing"] == 2  # the manager's default 2 s between agreements, 1 s steps
+    assert data["target"]["fraction"] == pytest.approx(2e-6 + 30e-6)
     text = sm.render(data)
     assert "tree: all-reduce t(P) = 30.00 us * log2(P) + 60.0 us" in text and "16,384" in text
-    assert "pipelined: a step pays 60.0 us + max(0, t(P) - step)" in text
-    assert "(pipelined agreement, the worse of tree and ring): met" in text
+    assert "one agreement every 2 step(s) of 1 s (agree_every_s 2): a step pays 2.0 us + (60.0 us" in text
+    assert "(pipelined, spaced agreement, the worse of tree and ring): met" in text
+
+
+def test_the_models_default_spacing_is_the_managers():
+    from slurm_ft.train.checkpoint import AGREE_EVERY_S, CheckpointConfig
+
+    assert sm.StepConfig().agree_every_s == sm.AGREE_EVERY_S == AGREE_EVERY_S == CheckpointConfig(dir="/x").agree_every_s
 
 
 @pytest.mark.parametrize("kwargs, field", [({"ranks": (2, 2)}, "ranks"), ({"ranks": (0, 2)}, "ranks"),
                                            ({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
                                            ({"step_s": 0}, "step_s"), ({"extrapolate": ()}, "extrapolate"),
-                                           ({"hop_us": 0}, "hop_us"), ({"compute_ms": -1}, "compute_ms")])
+                                           ({"hop_us": 0}, "hop_us"), ({"compute_ms": -1}, "compute_ms"),
+                                           ({"agree_every_s": -1}, "agree_every_s")])
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=f"^{field}:"):
         sm.StepConfig(**kwargs)

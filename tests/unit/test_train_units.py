@@ -41,7 +41,8 @@ def test_train_package_exports_resolve_lazily():
     ({"dir": "/x", "collective_timeout_s": -1}, "collective_timeout_s"),
     ({"dir": "/x", "reuse_staging_buffers": None}, "reuse_staging_buffers"),
     ({"dir": "/x", "adopt": "1"}, "adopt"), ({"dir": "/x", "run_id": ""}, "run_id"), ({"dir": "/x", "run_id": 7}, "run_id"),
-    ({"dir": "/x", "run_id": "a\nb"}, "run_id"),
+    ({"dir": "/x", "run_id": "a\nb"}, "run_id"), ({"dir": "/x", "agree_every_s": -1}, "agree_every_s"),
+    ({"dir": "/x", "agree_every_s": True}, "agree_every_s"),
 ])
 def test_checkpoint_config_names_bad_field(kwargs, field):
     from slurm_ft.train.checkpoint import CheckpointConfig

@@ -25,7 +25,7 @@ from torch import nn
 
 from slurm_ft.bench.ckpt_peers import CHUNK_MB, DISK, MEMCPY, OURS_ASYNC, OURS_SYNC, SystemInfo
 
-DIGESTS = "sha256 per file (manifest)"
+DIGESTS = "crc32 per file (manifest)"
 NONE = "no (DCP loads unchecked)"
 
 

@@ -100,7 +100,7 @@ class CheckpointConfig:
     kept; keep_every: also keep every step divisible by it (0 = off); async_save: stage on the loop, write in
     the background; emergency_deadline_s: from a SIGUSR1/SIGTERM to the end of the emergency save (past it the
     process exits with 128+signal; keep it below Slurm's KillWait for SIGTERM, below N of --signal=B:USR1@N
-    minus the step time for USR1); verify: sha256 of every file at load (False: sizes only);
+    minus the step time for USR1); verify: each file's digest (CRC-32) at load (False: sizes only);
     write_threads: DCP writer threads per rank; reuse_staging_buffers: keep the host staging copy between
     async saves (faster stalls, one state's worth of host memory); collective_timeout_s: timeout of the
     manager's gloo groups (a dead peer fails a save instead of hanging it); agree_every_s: training seconds
@@ -740,7 +740,7 @@ class CheckpointManager:
         dcp.save(state, storage_writer=writer, process_group=group, no_dist=not self._distributed)
         crash_point("after_shards", step)
         mine = dict(getattr(writer, "digests", {}))
-        mine[local_name] = layout.FileEntry(size=len(local), sha256=hashlib.sha256(local).hexdigest())
+        mine[local_name] = layout.FileEntry(size=len(local), digest=layout.digest_bytes(local))
         written = self._all_gather(mine, group)
         mark = _phase(result, "shards", mark)
         outcome = ""
@@ -870,7 +870,7 @@ def _manifest_files(tmp: Path, written: dict[str, layout.FileEntry]) -> dict[str
         size = path.stat().st_size
         entry = written.get(name)
         if entry is None:
-            entry = layout.FileEntry(size=size, sha256=layout.sha256_file(path))
+            entry = layout.FileEntry(size=size, digest=layout.file_digest(path))
         elif entry.size != size:
             raise OSError(f"{path}: {size} bytes on disk, {entry.size} written")
         files[name] = entry

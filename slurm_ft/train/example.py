@@ -39,8 +39,8 @@ from slurm_ft import env
 from slurm_ft.interval import AdaptiveIntervalConfig
 from slurm_ft.slurm.parsers import expand_hostlist
 from slurm_ft.train import records, topology
-from slurm_ft.train.checkpoint import (AUTO, AUTO_MIN_INTERVAL_S, EMERGENCY_DEADLINE_S, CheckpointConfig,
-                                      CheckpointManager)
+from slurm_ft.train.checkpoint import (AGREE_EVERY_S, AUTO, AUTO_MIN_INTERVAL_S, EMERGENCY_DEADLINE_S,
+                                      CheckpointConfig, CheckpointManager)
 from slurm_ft.train.errors import StepTracker, record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
 
@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync", action="store_true", help="synchronous checkpoint saves")
     p.add_argument("--emergency-deadline", type=float, default=EMERGENCY_DEADLINE_S,
                    help="seconds from SIGUSR1/SIGTERM to exit (default 20: within Slurm's KillWait of 30)")
+    p.add_argument("--agree-every", type=float, default=AGREE_EVERY_S, metavar="SECONDS",
+                   help="training seconds between the ranks' agreements on signals and saves (0: every step)")
     p.add_argument("--batch-per-rank", type=int, help="samples per rank and step (default: a global batch of "
                                                      f"{BATCH} split across ranks); the same work per rank at any size")
     p.add_argument("--pg-timeout", type=float, help="seconds a collective may wait for a peer (process group and "
@@ -231,7 +233,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     timeouts = {"collective_timeout_s": args.pg_timeout} if args.pg_timeout else {}
     config = CheckpointConfig.from_env(dir=args.ckpt_dir, every=args.ckpt_every, auto_interval=args.auto_interval,
                                        keep_last=args.keep_last, async_save=not args.sync,
-                                       emergency_deadline_s=args.emergency_deadline,
+                                       emergency_deadline_s=args.emergency_deadline, agree_every_s=args.agree_every,
                                        adopt=True if args.ckpt_adopt else None, **timeouts)
     mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()

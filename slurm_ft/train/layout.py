@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +37,59 @@ class ManifestError(ValueError):
     """A manifest is missing, unreadable, or a file does not match it (the message names the file)."""
 
 
+# The per-file digest new manifests record. It detects torn, truncated and corrupted files; it is no defence
+# against tampering and need not be: whoever can rewrite a shard can rewrite the manifest beside it. CRC-32 is
+# 2.2x faster than sha256 here (3.8 vs 1.7 GB/s a core) and releases the GIL, so hashing while writing and
+# verifying before a load cost half as much. Manifests written with sha256 still verify.
+DIGEST = "crc32"
+ALGORITHMS = ("crc32", "sha256")
+
+
+class Crc32:
+    """A running CRC-32 (zlib) with hashlib's ``update``/``hexdigest``."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: Any) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def hexdigest(self) -> str:
+        return f"{self._value:08x}"
+
+
+def new_digest(algorithm: str = DIGEST) -> Any:
+    """A fresh running digest of ``algorithm`` (one of :data:`ALGORITHMS`)."""
+    if algorithm == "crc32":
+        return Crc32()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"digest algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+
+
+def digest_bytes(data: Any, algorithm: str = DIGEST) -> str:
+    digest = new_digest(algorithm)
+    digest.update(data)
+    return digest.hexdigest()
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class FileEntry:
+    """One file of a checkpoint: its size and its ``algorithm`` digest (JSON: ``{"size": N, "crc32": hex}``)."""
+
     size: int
-    sha256: str
+    digest: str
+    algorithm: str = DIGEST
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, self.algorithm: self.digest}
+
+    @classmethod
+    def from_json(cls, data: Any) -> FileEntry:
+        algorithm = next((a for a in ALGORITHMS if a in data), None)
+        if algorithm is None:
+            raise KeyError(f"a digest ({' or '.join(ALGORITHMS)})")
+        return cls(size=int(data["size"]), digest=str(data[algorithm]), algorithm=algorithm)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,7 +107,7 @@ class Manifest:
         data = {
             "step": self.step, "world_size": self.world_size, "rank_hosts": list(self.rank_hosts),
             "time": self.time, "version": self.version,
-            "files": {name: dataclasses.asdict(entry) for name, entry in sorted(self.files.items())},
+            "files": {name: entry.to_json() for name, entry in sorted(self.files.items())},
         }
         if self.run_id is not None:
             data["run_id"] = self.run_id
@@ -68,8 +118,7 @@ class Manifest:
         if not isinstance(data, dict):
             raise ManifestError(f"{path or 'manifest'}: not a JSON object")
         try:
-            files = {str(k): FileEntry(size=int(v["size"]), sha256=str(v["sha256"]))
-                     for k, v in data["files"].items()}
+            files = {str(k): FileEntry.from_json(v) for k, v in data["files"].items()}
             return cls(step=int(data["step"]), world_size=int(data["world_size"]), files=files,
                        rank_hosts=[str(h) for h in data.get("rank_hosts", [])],
                        time=float(data.get("time", 0.0)), version=int(data.get("version", VERSION)),
@@ -100,8 +149,8 @@ def tmp_dir_name(step: int, token: str) -> str:
     return f".tmp-{step_dir_name(step)}-{token}"
 
 
-def sha256_file(path: str | os.PathLike[str], chunk: int = 4 << 20) -> str:
-    digest = hashlib.sha256()
+def file_digest(path: str | os.PathLike[str], algorithm: str = DIGEST, chunk: int = 4 << 20) -> str:
+    digest = new_digest(algorithm)
     with open(path, "rb") as fh:
         while block := fh.read(chunk):
             digest.update(block)
@@ -118,13 +167,14 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
 
 
 def scan_files(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
-    """Size and sha256 of every regular file under ``root`` (relative paths; the marker excluded)."""
+    """Size and digest of every regular file under ``root`` (relative paths; the marker excluded)."""
     root = Path(root)
     found = {}
     for path in sorted(root.rglob("*")):
         if path.is_symlink() or not path.is_file() or path.name == MARKER:
             continue
-        found[path.relative_to(root).as_posix()] = FileEntry(size=path.stat().st_size, sha256=sha256_file(path))
+        found[path.relative_to(root).as_posix()] = FileEntry(size=path.stat().st_size,
+                                                                             digest=file_digest(path))
     return found
 
 
@@ -145,8 +195,8 @@ def read_manifest(step_path: str | os.PathLike[str]) -> Manifest:
 
 
 def verify_files(manifest: Manifest, names: list[str] | None = None, *, checksums: bool = True) -> list[str]:
-    """Check ``names`` (default: all) against the manifest, sizes and (unless ``checksums`` is false) sha256;
-    return one message per bad file (empty = OK)."""
+    """Check ``names`` (default: all) against the manifest, sizes and (unless ``checksums`` is false) each
+    file's digest; return one message per bad file (empty = OK)."""
     root = Path(manifest.path)
     problems = []
     for name in sorted(manifest.files) if names is None else names:
@@ -156,8 +206,8 @@ def verify_files(manifest: Manifest, names: list[str] | None = None, *, checksum
             size = path.stat().st_size
             if size != entry.size:
                 problems.append(f"{path}: size {size} != manifest {entry.size}")
-            elif checksums and sha256_file(path) != entry.sha256:
-                problems.append(f"{path}: sha256 mismatch against manifest")
+            elif checksums and file_digest(path, entry.algorithm) != entry.digest:
+                problems.append(f"{path}: {entry.algorithm} mismatch against manifest")
         except OSError as exc:
             problems.append(f"{path}: unreadable ({exc.strerror or exc})")
     return problems

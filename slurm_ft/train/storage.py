@@ -1,7 +1,7 @@
 """The filesystem side of a checkpoint save, behind a small interface so faults can be injected.
 
 ``FileStorage`` wraps DCP's FileSystemWriter: files are fsync'd, and every file a rank writes is hashed while
-it is written (size and sha256 in ``writer.digests``), so the commit never reads the checkpoint back.
+it is written (size and CRC-32 in ``writer.digests``), so the commit never reads the checkpoint back.
 TEST-ONLY crash points (``$SLURM_FT_TEST_CRASH_AT``) SIGKILL the process at named points of the protocol;
 ``$SLURM_FT_TEST_FAIL_AT`` raises an I/O error there instead (a failed save; ``after_local_state`` fails it on
 every rank cleanly).
@@ -61,13 +61,13 @@ class _HashingStream:
     """Write-only file wrapper that hashes what passes through (a seek makes the digest unusable)."""
 
     def __init__(self, raw: Any, on_first_write: Any = None) -> None:
-        self.raw, self.size, self.sha = raw, 0, hashlib.sha256()
+        self.raw, self.size, self.digest = raw, 0, layout.new_digest()
         self.seeked = False
         self._on_first_write = on_first_write
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.sha.update(view)
+        self.digest.update(view)
         written = self.raw.write(view)
         self.size += written
         if self._on_first_write is not None:
@@ -131,7 +131,7 @@ class HashingFileSystem(FileSystem):
         if stream.seeked:
             self.unhashed.add(name)
         else:
-            self.digests[name] = layout.FileEntry(size=stream.size, sha256=stream.sha.hexdigest())
+            self.digests[name] = layout.FileEntry(size=stream.size, digest=stream.digest.hexdigest())
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)

@@ -212,7 +212,7 @@ def test_corrupted_shard_is_named_and_falls_back_to_previous(tmp_path, caplog):
     mgr2, model2, *_ = _setup(tmp_path)
     with caplog.at_level(logging.ERROR, logger="slurm_ft.train.checkpoint"):
         assert mgr2.resume() == 2
-    assert "step 4 is corrupt" in caplog.text and "__0_0.distcp: sha256 mismatch" in caplog.text
+    assert "step 4 is corrupt" in caplog.text and "__0_0.distcp: crc32 mismatch" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(_params(model2), at_two))
 
 
@@ -281,7 +281,7 @@ def test_manifest_digests_taken_while_writing_match_the_files(tmp_path):
     assert {".metadata", "rank_00000.pt"} <= set(manifest.files)
     assert any(name.endswith(".distcp") for name in manifest.files)
     assert set(manifest.files) == set(layout.scan_files(layout.step_dir(tmp_path, 2)))
-    assert layout.verify_files(manifest) == []  # sha256 recomputed from disk equals the one taken on the fly
+    assert layout.verify_files(manifest) == []  # the CRC-32 recomputed from disk equals the one taken on the fly
     assert result.ok and result.bytes_written == sum(e.size for e in manifest.files.values())
 
 
@@ -295,7 +295,7 @@ def test_verify_off_checks_sizes_only(tmp_path):
     shard.write_bytes(bytes(data))
     manifest = layout.read_manifest(layout.step_dir(tmp_path, 2))
     assert layout.verify_files(manifest, checksums=False) == []
-    assert "sha256 mismatch" in layout.verify_files(manifest)[0]
+    assert "crc32 mismatch" in layout.verify_files(manifest)[0]
 
 
 class SlowDisk(FileStorage):

@@ -54,8 +54,9 @@ def test_kill9_of_one_rank_then_resume_is_bitwise_identical(tmp_path):
 def test_ddp_emergency_signal_on_one_rank_saves_everywhere_and_resumes_bitwise(tmp_path):
     common = ("--steps", "6", "--ckpt-every", "100", "--parallel", "ddp")
     clean = _result(_run(tmp_path / "clean", 2, *common))
-    stopped = _result(_run(tmp_path / "ft", 2, *common, "--signal-at", "1:4"))  # SIGUSR1 to rank 1 only
-    # the ranks agree one step after the signal (the agreement is pipelined off the critical path), all at step 5
+    # SIGUSR1 to rank 1 only; agreeing every step, the ranks act one step after the signal (the agreement is
+    # pipelined off the critical path), all at step 5
+    stopped = _result(_run(tmp_path / "ft", 2, *common, "--signal-at", "1:4", "--agree-every", "0"))
     assert stopped["emergency"] and stopped["step"] == 5
     assert layout.committed_steps(tmp_path / "ft") == [5]
     assert layout.read_manifest(layout.step_dir(tmp_path / "ft", 5)).world_size == 2

@@ -8,7 +8,7 @@ from slurm_ft.bench import ckpt_peers as cp
 from slurm_ft.errors import ConfigError
 
 INFOS = [cp.SystemInfo(cp.MEMCPY, "limit", False, "-"), cp.SystemInfo(cp.DISK, "limit", False, "-"),
-         cp.SystemInfo(cp.OURS_ASYNC, "ours", True, "sha256"), cp.SystemInfo("peer a", "peer", True, "no"),
+         cp.SystemInfo(cp.OURS_ASYNC, "ours", True, "crc32"), cp.SystemInfo("peer a", "peer", True, "no"),
          cp.SystemInfo("peer sync", "peer", False, "no"), cp.SystemInfo("peer down", "peer", True, "no")]
 
 

@@ -44,9 +44,40 @@ def test_corruption_is_named(tmp_path):
     shard = path / "__0_0.distcp"
     shard.write_bytes(b"dat!")
     problems = layout.verify_files(layout.read_manifest(path))
-    assert len(problems) == 1 and "__0_0.distcp" in problems[0] and "sha256" in problems[0]
+    assert len(problems) == 1 and "__0_0.distcp" in problems[0] and "crc32 mismatch" in problems[0]
     shard.write_bytes(b"longer")
     assert "size 6 != manifest 4" in layout.verify_files(layout.read_manifest(path))[0]
+
+
+def test_new_manifests_record_crc32_and_ones_written_with_sha256_still_verify(tmp_path):
+    import hashlib
+    import zlib
+
+    path = _publish(tmp_path, 6)
+    entry = json.loads((path / layout.MARKER).read_text())["files"]["__0_0.distcp"]
+    assert entry == {"size": 4, "crc32": f"{zlib.crc32(b'data'):08x}"}
+    marker = json.loads((path / layout.MARKER).read_text())  # as a manifest before CRC-32 wrote it
+    marker["files"]["__0_0.distcp"] = {"size": 4, "sha256": hashlib.sha256(b"data").hexdigest()}
+    (path / layout.MARKER).write_text(json.dumps(marker))
+    manifest = layout.read_manifest(path)
+    assert manifest.files["__0_0.distcp"].algorithm == "sha256" and layout.verify_files(manifest) == []
+    (path / "__0_0.distcp").write_bytes(b"dat!")
+    assert "sha256 mismatch" in layout.verify_files(layout.read_manifest(path))[0]
+    marker["files"]["__0_0.distcp"] = {"size": 4, "md5": "00"}
+    (path / layout.MARKER).write_text(json.dumps(marker))
+    with pytest.raises(layout.ManifestError, match="malformed manifest.*crc32 or sha256"):
+        layout.read_manifest(path)
+
+
+def test_running_crc32_equals_the_one_shot_crc_and_unknown_algorithms_are_refused():
+    import zlib
+
+    digest = layout.new_digest()
+    for part in (b"abc", memoryview(b"defg"), b""):
+        digest.update(part)
+    assert digest.hexdigest() == f"{zlib.crc32(b'abcdefg'):08x}" == layout.digest_bytes(b"abcdefg")
+    with pytest.raises(ValueError, match="got 'md5'"):
+        layout.new_digest("md5")
 
 
 def test_malformed_marker_is_an_error(tmp_path):

@@ -1,9 +1,11 @@
 """A quick health probe of the allocation's nodes, for the launcher to tell a dead node from a dead rank.
 
 After a failed attempt Slurm may not know yet that a node is gone (it notices after ``SlurmdTimeout``, 300 s by
-default). The probe asks every node at once to run ``true`` as a one-task step (``srun --overlap``): a healthy
-node answers in a fraction of a second, a node whose slurmd is gone fails or does not answer within
-``timeout_s``. One subprocess per node, all in parallel, argument lists only.
+default). The probe asks every node to run one task that prints the node's name, first as one step across all
+of them (one srun, one step for slurmctld to create however large the job: the common case, every node healthy,
+in one round trip). Each node whose name did not come back is then asked alone (``srun --overlap`` per node, in
+parallel): a healthy node answers in a fraction of a second, a node whose slurmd is gone fails or does not answer
+within ``timeout_s``. Argument lists only.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ class ProbeProcess(Protocol):
 
 
 Spawn = Callable[[Sequence[str], Mapping[str, str]], ProbeProcess]
+Run = Callable[[Sequence[str], Mapping[str, str], float], str]  # argv, env, timeout -> stdout (raises OSError)
+
+
+def fan_out_argv(nodes: Sequence[str]) -> list[str]:
+    """One task on each of ``nodes`` in one step, printing its node's name; a failed task does not end the rest."""
+    return ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", "--kill-on-bad-exit=0",
+            "printenv", "SLURMD_NODENAME"]
 
 
 def probe_argv(node: str) -> list[str]:
@@ -50,12 +60,42 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str]) -> ProbeProcess:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> str:
+    try:
+        done = subprocess.run(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, timeout=timeout_s, start_new_session=True,
+                              check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout or ""
+        return out.decode(errors="replace") if isinstance(out, bytes) else out
+    return done.stdout
+
+
+def answered(nodes: Sequence[str], env: Mapping[str, str], timeout_s: float, run: Run = _run) -> set[str]:
+    """The nodes that ran a task of one step across all of them within ``timeout_s`` (none when srun fails)."""
+    try:
+        out = run(fan_out_argv(nodes), env, timeout_s)
+    except OSError:
+        return set()
+    return set(out.split()) & set(nodes)
+
+
 def probe_nodes(nodes: Sequence[str], env: Mapping[str, str], config: ProbeConfig = ProbeConfig(), *,
-                spawn: Spawn = _spawn, clock: Callable[[], float] = time.monotonic,
+                spawn: Spawn = _spawn, run: Run = _run, clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
-    """Probe ``nodes`` in parallel; return ``{node: why}`` for each one that failed (empty: all healthy)."""
+    """Probe ``nodes`` within ``timeout_s``: one step across all of them (at most half of it), then each node
+    that did not answer on its own, in parallel, for the rest; return ``{node: why}`` for each one that failed
+    (empty: all healthy)."""
     if config.timeout_s <= 0 or not nodes:
         return {}
+    deadline = clock() + config.timeout_s
+    healthy = answered(nodes, env, config.timeout_s / 2, run) if len(nodes) > 1 else set()
+    return _probe_each([n for n in nodes if n not in healthy], env, deadline, config, spawn, clock, sleep)
+
+
+def _probe_each(nodes: Sequence[str], env: Mapping[str, str], deadline: float, config: ProbeConfig, spawn: Spawn,
+                clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, str]:
+    """A one-task step per node, all in parallel, until ``deadline``."""
     bad: dict[str, str] = {}
     running: dict[str, ProbeProcess] = {}
     for node in nodes:
@@ -63,7 +103,6 @@ def probe_nodes(nodes: Sequence[str], env: Mapping[str, str], config: ProbeConfi
             running[node] = spawn(probe_argv(node), env)
         except OSError:  # no srun here: the probe cannot judge, so it blames nobody
             return {}
-    deadline = clock() + config.timeout_s
     while running:
         for node, proc in list(running.items()):
             code = proc.poll()

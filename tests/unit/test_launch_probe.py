@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_ft.errors import ConfigError
-from slurm_ft.launch_probe import ProbeConfig, probe_argv, probe_nodes
+from slurm_ft.launch_probe import ProbeConfig, fan_out_argv, probe_argv, probe_nodes
 
 
 class FakeProc:
@@ -31,17 +31,55 @@ class Clock:
         self.now += seconds
 
 
-def test_healthy_nodes_pass_and_each_node_gets_one_step():
-    spawned = []
+def silent(argv, env, timeout_s):
+    return ""
+
+
+def test_nodes_the_fan_out_missed_each_get_one_step():
+    spawned, fanned = [], []
 
     def spawn(argv, env):
         spawned.append(argv)
         return FakeProc(0, after=2)
 
+    def run(argv, env, timeout_s):
+        fanned.append((argv, timeout_s))
+        return "n3\nnot-ours\n"
+
     clock = Clock()
-    assert probe_nodes(["n1", "n2"], {}, ProbeConfig(timeout_s=5), spawn=spawn, clock=clock, sleep=clock.sleep) == {}
-    assert [a for a in spawned] == [probe_argv("n1"), probe_argv("n2")]
+    assert probe_nodes(["n1", "n2", "n3"], {}, ProbeConfig(timeout_s=5), spawn=spawn, run=run, clock=clock,
+                       sleep=clock.sleep) == {}
+    assert fanned == [(fan_out_argv(["n1", "n2", "n3"]), 2.5)]  # half the timeout
+    assert spawned == [probe_argv("n1"), probe_argv("n2")]
     assert "--overlap" in spawned[0] and "--nodelist=n1" in spawned[0]
+
+
+def test_one_step_across_all_nodes_is_the_whole_probe_when_every_node_answers():
+    def spawn(argv, env):
+        raise AssertionError(f"no per-node step expected: {argv}")
+
+    argv = fan_out_argv(["n1", "n2"])
+    assert argv[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2"]
+    assert "--overlap" in argv and "--kill-on-bad-exit=0" in argv and argv[-2:] == ["printenv", "SLURMD_NODENAME"]
+    assert probe_nodes(["n1", "n2"], {}, spawn=spawn, run=lambda a, e, t: "n2\nn1\n") == {}
+
+
+def test_no_fan_out_for_one_node_and_a_failed_fan_out_probes_each_node():
+    spawned = []
+
+    def spawn(argv, env):
+        spawned.append(argv)
+        return FakeProc(0, after=0)
+
+    def no_srun(argv, env, timeout_s):
+        raise FileNotFoundError("srun")
+
+    def unexpected(argv, env, timeout_s):
+        raise AssertionError("no fan-out for one node")
+
+    assert probe_nodes(["n1"], {}, spawn=spawn, run=unexpected, sleep=lambda s: None) == {}
+    assert probe_nodes(["n1", "n2"], {}, spawn=spawn, run=no_srun, sleep=lambda s: None) == {}
+    assert spawned == [probe_argv("n1"), probe_argv("n1"), probe_argv("n2")]
 
 
 def test_failing_and_silent_nodes_are_named():
@@ -51,8 +89,8 @@ def test_failing_and_silent_nodes_are_named():
         return procs[next(a for a in argv if a.startswith("--nodelist=")).split("=")[1]]
 
     clock = Clock()
-    bad = probe_nodes(["n1", "n2", "n3"], {}, ProbeConfig(timeout_s=1, poll_s=0.1), spawn=spawn, clock=clock,
-                      sleep=clock.sleep)
+    bad = probe_nodes(["n1", "n2", "n3"], {}, ProbeConfig(timeout_s=1, poll_s=0.1), spawn=spawn, run=silent,
+                      clock=clock, sleep=clock.sleep)
     assert set(bad) == {"n2", "n3"}
     assert "exit 233" in bad["n2"] and "within 1s" in bad["n3"]
     assert procs["n3"].killed and not procs["n1"].killed

@@ -24,7 +24,7 @@ and a short root cause paragraph in the job's output.
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
 ``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``verdict``, ``first_step``,
-``exit``.
+``standby_start``, ``standby_off``, ``exit``.
 """
 
 from __future__ import annotations
@@ -244,6 +244,7 @@ class AttemptResult:
     time: float
     hung_ranks: tuple[int, ...] = ()
     hang: tuple[RankState, ...] = ()  # a hung attempt's ranks as their nodes saw them before the kill
+    trained: bool = False  # a rank of the attempt reached a step (a heartbeat)
 
 
 class Launcher:
@@ -283,6 +284,8 @@ class Launcher:
         self._stopping: tuple[str, str, list[str]] = ("unknown", "", [])
         self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
         self._standby: Process | None = None  # the step of warm standby ranks (slurm_ft.train.standby)
+        self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
+        self._last_env: Mapping[str, str] = {}  # the environment the newest attempt started with
 
     def run(self) -> int:
         try:
@@ -317,6 +320,8 @@ class Launcher:
             self._event("fault_detected", kind=result.outcome.value, time=result.time, exit_code=result.exit_code,
                         hung_ranks=list(result.hung_ranks), attempt=self.attempts)
             self._failure = (Category.HANG if result.outcome is Outcome.HUNG else Category.UNKNOWN).value
+            if result.outcome is Outcome.HUNG and not result.trained and ft_env.STANDBY in self._last_env:
+                self._turn_standby_off()
             sick = self._sick(chosen)
             verdict = self._judge(result, sick)
             if sick:
@@ -420,7 +425,7 @@ class Launcher:
     # --- one attempt ----------------------------------------------------------------------------------------
     def _attempt(self, chosen: list[str]) -> AttemptResult:
         cfg = self.config
-        env = self._env(chosen)
+        env = self._last_env = self._env(chosen)
         wiring = wire(cfg.command, nodes=len(chosen), ntasks_per_node=cfg.ntasks_per_node, addr=env["MASTER_ADDR"],
                       port=int(env["MASTER_PORT"]))  # RANK, WORLD_SIZE ... for every rank; torchrun wired
         env.update(wiring.env)
@@ -459,7 +464,7 @@ class Launcher:
                 hang = self._hang_evidence(chosen, watch, now)  # before the kill: stopped ranks, stacks
                 self._kill(proc)
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
-                                     hung_ranks=tuple(stuck), hang=hang)
+                                     hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged)
             failed_since = failed_since or (now if self._rank_failed() else None)
             if failed_since is not None and now - failed_since >= cfg.error_grace_s:
                 # srun waits for every task; one on a dead node never reports back. The ranks that could
@@ -475,7 +480,8 @@ class Launcher:
         from slurm_ft.train.standby import script_of
 
         python = self.config.command[0]
-        if not (self.config.standby and self.config.rank_records and Path(python).name.startswith("python")):
+        if self._standby_off or not (self.config.standby and self.config.rank_records
+                                     and Path(python).name.startswith("python")):
             return None
         return python if script_of(self.config.command, python) is not None else None
 
@@ -494,6 +500,13 @@ class Launcher:
             self._event("standby_error", error=str(exc)[-200:])
             return
         self._event("standby_start", attempt=self.attempts, nodes=chosen, slots=len(chosen) * tasks_per_node)
+
+    def _turn_standby_off(self) -> None:
+        """A circuit breaker: an attempt of warm ranks hung before any rank's first step (seen on a loaded host,
+        cause not found: README, known issues), so this job restarts cold from now on."""
+        self._standby_off = True
+        self._event("standby_off", attempt=self.attempts, why="a warm attempt hung before its first step")
+        self._stop_standby()
 
     def _standby_ready(self) -> bool:
         return self._standby is not None and self._standby.poll() is None

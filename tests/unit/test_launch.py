@@ -516,3 +516,42 @@ def test_the_cli_turns_standby_on_unless_told_not_to(tmp_path):
     on = config_from_args(parser.parse_args(["launch", "--", "python", "t.py"]), {})
     off = config_from_args(parser.parse_args(["launch", "--no-standby", "--", "python", "t.py"]), {})
     assert on.standby and not off.standby
+
+
+class Silent(Script):
+    """An attempt whose ranks never reach a step (no heartbeat) and never exit: hung before its first step."""
+
+    def poll(self):
+        return -9 if self.killed else None
+
+
+def test_a_warm_attempt_hung_before_its_first_step_turns_standbys_off_for_the_job(tmp_path):
+    run = tmp_path / "run"
+    standby = Standby()
+    config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,
+                          hang_timeout_s=10.0, startup_grace_s=5.0)
+    clock = Clock()
+    hung = Silent(run)
+    runner = Runner([Script(run, code=1, steps=3), standby, hung, Script(run)])
+    launcher = Launcher(config, allocation=("n1", "n2"), environ={"PATH": "/bin"}, runner=runner, clock=clock,
+                        sleep=clock.sleep, port=lambda: 29500)
+    assert launcher.run() == 0
+    (_, first), _, (_, warm), (_, cold) = runner.calls  # no second standby step either
+    assert warm["SLURM_FT_STANDBY"] == "python3" and "SLURM_FT_STANDBY" not in cold
+    assert hung.killed and standby.signals == [signal.SIGUSR2]  # the standbys stopped when turned off
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert kinds.count("standby_off") == 1 and kinds.count("standby_start") == 1
+    assert kinds[kinds.index("standby_off") - 1] == "fault_detected"  # decided as the hang was seen
+
+
+def test_a_cold_attempt_hung_before_its_first_step_leaves_standbys_on(tmp_path):
+    run = tmp_path / "run"
+    config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,
+                          hang_timeout_s=10.0, startup_grace_s=5.0)
+    clock = Clock()
+    runner = Runner([Silent(run), Script(run), Standby()])  # the standbys start once the second attempt trains
+    launcher = Launcher(config, allocation=("n1",), environ={"PATH": "/bin"}, runner=runner, clock=clock,
+                        sleep=clock.sleep, port=lambda: 29500)
+    assert launcher.run() == 0
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert "standby_off" not in kinds and kinds.count("standby_start") == 1

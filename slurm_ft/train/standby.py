@@ -52,11 +52,6 @@ ASK_TIMEOUT_S = 2.0  # how long a standby waits for a request's bytes, and the w
 READY_TIMEOUT_S = 120.0  # how long the wrapper waits for the pid (a standby still importing finishes first)
 _IGNORED = (signal.SIGUSR1, signal.SIGHUP)  # step-wide signals meant for the ranks, not for us
 STOP_SIGNAL = signal.SIGUSR2  # the launcher's "stop": srun passes it on (its SIGTERM is SIGKILL to the tasks)
-# Set before the preload imports torch. Intel MKL's fast memory manager (torch's CPU GEMMs) guards its per-thread
-# buffer accounting with a spin lock; when a standby forks while that state is held, the rank's first GEMM spins
-# forever in mkl_serv_allocate (seen: warm ranks stuck in FSDP's first all-gather behind one spinning rank).
-# glibc's malloc, which MKL then uses, is safe across fork.
-FORK_SAFE_ENV = {"MKL_DISABLE_FAST_MM": "1"}
 _busy: list[int] = []  # the fork being served; a stop waits for it
 _stopping: list[bool] = []
 
@@ -163,7 +158,6 @@ def serve(config: StandbyConfig, *, oom_kills: Callable[[], int | None]) -> Requ
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(STOP_SIGNAL, _stop)
-    os.environ.update(FORK_SAFE_ENV)  # before anything imports torch (the rank gets its own environment back)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(config.listen)
     listener.listen(8)

@@ -277,24 +277,3 @@ def test_which_commands_a_standby_runs(argv, expected):
 def test_bad_requests_are_refused_with_the_reason(message, why):
     assert standby.parse_request(message, "/py").startswith(why)
 
-
-def test_the_standby_disables_mkls_fast_memory_manager_before_its_imports(tmp_path):
-    """A fork of a process whose MKL memory manager was busy spins in its first GEMM (seen in the lab): the
-    standby sets MKL_DISABLE_FAST_MM before it imports anything, and the rank still gets the wrapper's env."""
-    out = tmp_path / "seen"
-    (tmp_path / "envprobe.py").write_text(
-        f"import os\nopen({str(out)!r}, 'w').write(os.environ.get('MKL_DISABLE_FAST_MM', 'unset'))\n")
-    env = slot_env(tmp_path, PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
-    env.pop("MKL_DISABLE_FAST_MM", None)
-    proc = start_standby(env, "envprobe")
-    (tmp_path / "showenv.py").write_text("import os\nprint(os.environ.get('MKL_DISABLE_FAST_MM'))\n")
-    try:
-        env[standby.ENV] = sys.executable
-        rank = wrapped(env, tmp_path, sys.executable, "showenv.py")
-        stdout, _ = rank.communicate(timeout=30)
-        assert out.read_text() == "1"  # set when the standby imported
-        assert rank.returncode == 0 and stdout.strip() == "None"  # the rank runs with the wrapper's environment
-        assert read_ends(tmp_path / "run")[0].started == "standby"
-    finally:
-        proc.kill()
-        proc.wait()

@@ -103,9 +103,11 @@ def test_a_save_that_fails_mid_run_marks_its_system_and_the_rounds_go_on(tmp_pat
     assert not (tmp_path / "16MB").exists()
 
 
-def test_memory_pass_counts_the_staging_buffers(tmp_path, one_rank_group):
-    plan = {"size": 32, "system": MEMCPY, "threads": 1, "dir": str(tmp_path)}
-    [record] = cb._memory_one(plan, rank=0, world=1, group=one_rank_group)
+def test_memory_pass_counts_the_staging_buffers(tmp_path):
+    # in a fresh process, as the benchmark measures it: in pytest's own process unrelated memory freed during
+    # the measurement hid half of the buffers once (CI, 16 of 32 MB)
+    plan = {"mode": "memory", "size": 32, "system": MEMCPY, "threads": 1, "dir": str(tmp_path)}
+    [record] = cb.run_group(plan, 1)
     assert record["system"] == MEMCPY and record["size_mb"] == 32
     assert record["extra_mb"] > 24  # the 32 MB copy buffers, touched; generous: PSS is sampled
 

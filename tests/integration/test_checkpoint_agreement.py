@@ -50,18 +50,24 @@ def _rank(rank: int, port: int, ckpt: str, rank0_done, out) -> None:
     dist.destroy_process_group()
 
 
-def test_a_rank_does_not_wait_for_its_peers_agreement_and_all_act_on_it_at_the_same_step():
-    ctx = mp.get_context("spawn")
-    rank0_done, out = ctx.Event(), ctx.Queue()
+def _two_ranks(ctx, target, *extra) -> list:
+    """Run ``target(rank, port, ckpt, *extra, out)`` as ranks 0 and 1 in a fresh checkpoint dir; what each
+    put on ``out``, sorted (by rank first)."""
+    out = ctx.Queue()
     with tempfile.TemporaryDirectory() as ckpt:
         port = _free_port()
-        procs = [ctx.Process(target=_rank, args=(r, port, ckpt, rank0_done, out)) for r in range(2)]
+        procs = [ctx.Process(target=target, args=(r, port, ckpt, *extra, out)) for r in range(2)]
         for proc in procs:
             proc.start()
         for proc in procs:
             proc.join(120)
         assert [p.exitcode for p in procs] == [0, 0]
-        results = sorted(out.get(timeout=5) for _ in procs)
+        return sorted(out.get(timeout=5) for _ in procs)
+
+
+def test_a_rank_does_not_wait_for_its_peers_agreement_and_all_act_on_it_at_the_same_step():
+    ctx = mp.get_context("spawn")
+    results = _two_ranks(ctx, _rank, ctx.Event())
     assert results == [(0, 2, True), (1, 2, True)]  # rank 1's signal in step 1: both save at step 2, then stop
 
 
@@ -88,17 +94,7 @@ def _spaced_rank(rank: int, port: int, ckpt: str, out) -> None:
 
 
 def test_agreements_are_spaced_and_every_rank_acts_on_a_signal_at_the_same_step():
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    with tempfile.TemporaryDirectory() as ckpt:
-        port = _free_port()
-        procs = [ctx.Process(target=_spaced_rank, args=(r, port, ckpt, out)) for r in range(2)]
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(120)
-        assert [p.exitcode for p in procs] == [0, 0]
-        results = sorted(out.get(timeout=5) for _ in procs)
+    results = _two_ranks(mp.get_context("spawn"), _spaced_rank)
     (_, saved0, exit0, agreements0), (_, saved1, exit1, agreements1) = results
     assert saved0 == saved1 and exit0 and exit1  # the same step on both ranks
     # steps take about 20 ms (rank 1's pace): an agreement every 0.3 s is every ~15 steps, so the signal is

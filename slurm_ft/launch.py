@@ -245,6 +245,7 @@ class AttemptResult:
     hung_ranks: tuple[int, ...] = ()
     hang: tuple[RankState, ...] = ()  # a hung attempt's ranks as their nodes saw them before the kill
     trained: bool = False  # a rank of the attempt reached a step (a heartbeat)
+    warm: bool = False  # the attempt's ranks were to start from standbys (SLURM_FT_STANDBY in its environment)
 
 
 class Launcher:
@@ -285,7 +286,6 @@ class Launcher:
         self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
         self._standby: Process | None = None  # the step of warm standby ranks (slurm_ft.train.standby)
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
-        self._last_env: Mapping[str, str] = {}  # the environment the newest attempt started with
 
     def run(self) -> int:
         try:
@@ -320,7 +320,7 @@ class Launcher:
             self._event("fault_detected", kind=result.outcome.value, time=result.time, exit_code=result.exit_code,
                         hung_ranks=list(result.hung_ranks), attempt=self.attempts)
             self._failure = (Category.HANG if result.outcome is Outcome.HUNG else Category.UNKNOWN).value
-            if result.outcome is Outcome.HUNG and not result.trained and ft_env.STANDBY in self._last_env:
+            if result.outcome is Outcome.HUNG and result.warm and not result.trained:
                 self._turn_standby_off()
             sick = self._sick(chosen)
             verdict = self._judge(result, sick)
@@ -425,7 +425,7 @@ class Launcher:
     # --- one attempt ----------------------------------------------------------------------------------------
     def _attempt(self, chosen: list[str]) -> AttemptResult:
         cfg = self.config
-        env = self._last_env = self._env(chosen)
+        env = self._env(chosen)
         wiring = wire(cfg.command, nodes=len(chosen), ntasks_per_node=cfg.ntasks_per_node, addr=env["MASTER_ADDR"],
                       port=int(env["MASTER_PORT"]))  # RANK, WORLD_SIZE ... for every rank; torchrun wired
         env.update(wiring.env)
@@ -464,7 +464,8 @@ class Launcher:
                 hang = self._hang_evidence(chosen, watch, now)  # before the kill: stopped ranks, stacks
                 self._kill(proc)
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
-                                     hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged)
+                                     hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged,
+                                     warm=ft_env.STANDBY in env)
             failed_since = failed_since or (now if self._rank_failed() else None)
             if failed_since is not None and now - failed_since >= cfg.error_grace_s:
                 # srun waits for every task; one on a dead node never reports back. The ranks that could

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import hashlib
 import io
 import logging
 import os
@@ -591,7 +590,8 @@ class CheckpointManager:
 
     def _proposed_spacing(self, call: int) -> int:
         """Rank 0: calls from this agreement to the next, K >= 1: ``agree_every_s`` of steps (at most a quarter
-        of the emergency deadline), and no later than the auto interval's next save is due. The step time is the mean since the previous agreement."""
+        of the emergency deadline), and no later than the auto interval's next save is due. The step time is the
+        mean since the previous agreement."""
         now = self._clock()
         last = self._last_agreement
         self._last_agreement = (call, now)

@@ -173,8 +173,7 @@ def scan_files(root: str | os.PathLike[str]) -> dict[str, FileEntry]:
     for path in sorted(root.rglob("*")):
         if path.is_symlink() or not path.is_file() or path.name == MARKER:
             continue
-        found[path.relative_to(root).as_posix()] = FileEntry(size=path.stat().st_size,
-                                                                             digest=file_digest(path))
+        found[path.relative_to(root).as_posix()] = FileEntry(size=path.stat().st_size, digest=file_digest(path))
     return found
 
 

@@ -81,7 +81,8 @@ def test_payload_and_render():
 def test_the_models_default_spacing_is_the_managers():
     from slurm_ft.train.checkpoint import AGREE_EVERY_S, CheckpointConfig
 
-    assert sm.StepConfig().agree_every_s == sm.AGREE_EVERY_S == AGREE_EVERY_S == CheckpointConfig(dir="/x").agree_every_s
+    manager_default = CheckpointConfig(dir="/x").agree_every_s
+    assert sm.StepConfig().agree_every_s == sm.AGREE_EVERY_S == AGREE_EVERY_S == manager_default
 
 
 @pytest.mark.parametrize("kwargs, field", [({"ranks": (2, 2)}, "ranks"), ({"ranks": (0, 2)}, "ranks"),

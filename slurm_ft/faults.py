@@ -201,8 +201,8 @@ def rank_pid(lab, job_id: int, rank: int) -> int | None:
 
 def standby_rank_pid(wrapper_env: dict[str, str], rank: int) -> int | None:
     """The rank a warm standby runs for a wrapper with no child of its own (``slurm_ft.train.standby``): the pid
-    its heartbeat names, when that is a live standby's fork (its environment and command line are the standby's,
-    so nothing else names it)."""
+    its heartbeat names, when that is a live child of a standby (a spare that became the rank: its command line
+    is the spare's, so nothing else names it)."""
     from slurm_ft import env as ft_env
     from slurm_ft.lab import procs
 

@@ -503,9 +503,9 @@ class Launcher:
         self._event("standby_start", attempt=self.attempts, nodes=chosen, slots=len(chosen) * tasks_per_node)
 
     def _turn_standby_off(self) -> None:
-        """A circuit breaker: an attempt of warm ranks hung before any rank's first step (seen on a loaded host:
-        a fork's first CPU GEMM spinning in MKL's memory accounting; README, known issue), so this job restarts
-        cold from now on."""
+        """A circuit breaker: an attempt of warm ranks hung before any rank's first step (seen on a loaded host
+        when ranks were forks of a warm parent: a fork's first CPU GEMM spun in MKL's memory accounting; spares
+        are no forks now, the breaker stays for what else could), so this job restarts cold from now on."""
         self._standby_off = True
         self._event("standby_off", attempt=self.attempts, why="a warm attempt hung before its first step")
         self._stop_standby()

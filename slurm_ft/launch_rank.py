@@ -136,7 +136,7 @@ _remote: list[standby.Remote] = []  # the rank a standby runs for us: it gets th
 
 
 def _outlive(signum: int, frame: object) -> None:
-    """Signals for the step reach a child of ours directly, a standby's fork through us; we stay to record."""
+    """Signals for the step reach a child of ours directly, a standby's rank through us; we stay to record."""
     for rank in _remote:
         rank.send_signal(signum)
 

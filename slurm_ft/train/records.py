@@ -98,7 +98,7 @@ class RankEnd:
     """How one rank's process ended, recorded on its node the moment it did: ``exit_code`` (normal exit) or
     ``signal`` (killed), ``oom_kills`` (the OOM killer's kills in the rank's cgroup while it ran; None: not
     readable), ``tail`` (the end of its stderr), ``started`` how its process started: ``cold`` (a new interpreter)
-    or ``standby`` (a warm standby's fork, ``slurm_ft.train.standby``)."""
+    or ``standby`` (a warm standby's spare, ``slurm_ft.train.standby``)."""
 
     rank: int
     time: float

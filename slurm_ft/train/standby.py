@@ -1,28 +1,34 @@
-"""Warm standby ranks: a rank restarted in the allocation starts from an interpreter that has already imported torch.
+"""Warm standby ranks: a rank restarted in the allocation starts in an interpreter that has already imported torch.
 
 Restarting a rank cold costs the interpreter and the torch import (seconds per rank, and on a busy node all ranks
 import at once). The launcher (``slurm_ft.launch``) therefore starts, once the first attempt trains, one standby
-process per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
-slurm_ft.train.standby``. Each listens on an abstract unix socket named by job, node and slot (``address``) and
-imports the preload modules in a thread (a request before they are in waits for them: they are under way).
+per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
+slurm_ft.train.standby``. Each is a keeper that never imports torch: it listens on an abstract unix socket named by
+job, node and slot (``address``) and keeps one spare, a fresh interpreter of its own (``Spare``) that imports the
+preload modules and waits.
 
-On a restart, the per-rank wrapper of the new step (``slurm_ft.launch_rank``) asks its slot's standby for the rank
+On a restart, the per-rank wrapper of the new step (``slurm_ft.launch_rank``) asks its slot's keeper for the rank
 (``ask``): it passes its stdin, stdout and a stderr pipe (SCM_RIGHTS), its environment, directory and command. The
-standby forks; the fork takes all of that and runs the script or module as ``__main__`` (``python script.py ...``
-or ``python -m module ...`` with the standby's own interpreter, nothing else). The standby tells the wrapper the
-fork's pid, passes on the signals the wrapper gets (Slurm signals the new step's tasks: the wrappers), kills the
-fork if the wrapper goes away (the step was killed), and reports how the fork ended: exit code or signal, and the
-OOM killer's kills in its cgroup. The standby stays for the next restart: each fork starts from the same warm,
-untouched parent.
+keeper hands all of that to its spare, which becomes the rank: it runs the script or module as ``__main__``
+(``python script.py ...`` or ``python -m module ...`` with the same interpreter, nothing else). A request that
+comes while the spare still imports waits for it. The keeper tells the wrapper the rank's pid, passes on the
+signals the wrapper gets (Slurm signals the new step's tasks: the wrappers), kills the rank if the wrapper goes
+away (the step was killed), and reports how the rank ended: exit code or signal, and the OOM killer's kills in its
+cgroup. It starts the next spare once the rank has run ``refill_after_s`` (or has ended).
 
-Trust: only a process of the standby's own uid may ask, and the wrapper sends nothing to a standby of another uid
+Why a spare and not a fork of a warm parent (the first design): a process that imported torch is not safe to
+fork. On a loaded host a forked rank's first CPU GEMM now and then spun forever in MKL's memory accounting
+(``mkl_serv_allocate``), and CUDA, OpenMP and NCCL state do not survive a fork either. A spare is a process like
+a cold rank, started early.
+
+Trust: only a process of the keeper's own uid may ask, and the wrapper sends nothing to a keeper of another uid
 (SO_PEERCRED both ways: the environment may hold the user's secrets). Anything else (no standby on the slot, a
 busy or gone one, another interpreter, a command of another shape) and the wrapper starts the rank cold, as
 before: a standby can make a restart faster, never make one fail.
 
-Limits: the fork runs in the standby step's cgroup, not the new step's (its memory and devices are the standby
+Limits: the rank runs in the standby step's cgroup, not the new step's (its memory and devices are the standby
 step's, which overlaps the job's); environment variables read at import time (rare: most of torch's are read
-lazily, ``CUDA_VISIBLE_DEVICES`` at CUDA's first use) are the standby's.
+lazily, ``CUDA_VISIBLE_DEVICES`` at CUDA's first use) are the standby step's.
 """
 
 from __future__ import annotations
@@ -37,8 +43,9 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
-import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_ft import env as ft_env
@@ -49,10 +56,11 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch.
            "slurm_ft.train.checkpoint", "slurm_ft.train.heartbeat")
 MAX_MESSAGE = 1 << 20  # a request (the environment) or a reply, in bytes
 ASK_TIMEOUT_S = 2.0  # how long a standby waits for a request's bytes, and the wrapper to connect
-READY_TIMEOUT_S = 120.0  # how long the wrapper waits for the pid (a standby still importing finishes first)
+READY_TIMEOUT_S = 120.0  # how long the wrapper waits for the pid
+REFILL_AFTER_S = 30.0  # a served rank runs this long before its keeper starts the next spare
 _IGNORED = (signal.SIGUSR1, signal.SIGHUP)  # step-wide signals meant for the ranks, not for us
 STOP_SIGNAL = signal.SIGUSR2  # the launcher's "stop": srun passes it on (its SIGTERM is SIGKILL to the tasks)
-_busy: list[int] = []  # the fork being served; a stop waits for it
+_busy: list[int] = []  # the rank being served; a stop waits for it
 _stopping: list[bool] = []
 
 
@@ -141,41 +149,90 @@ def parse_request(message: Mapping[str, object] | None, python: str) -> Request 
     return Request(argv=tuple(argv), env=dict(env), cwd=cwd)
 
 
-# --- the standby's side -----------------------------------------------------------------------------------------
+# --- the standby's side: a keeper (no torch) and its spare (a fresh interpreter that imported it) ---------------
 @dataclasses.dataclass(frozen=True, slots=True)
 class StandbyConfig:
-    """``python``: the interpreter path the launcher started us with (requests must name the same);
-    ``listen``: our socket address; ``preload``: modules imported before waiting."""
+    """``python``: the interpreter path the launcher started us with (requests must name the same; spares run
+    it); ``listen``: our socket address; ``preload``: modules a spare imports before waiting;
+    ``refill_after_s``: how long a rank runs before its keeper starts the next spare (sooner, the spare's imports
+    would compete with the restarted ranks' own start; a rank that ends sooner gets its successor at once)."""
 
     python: str
     listen: bytes
     preload: tuple[str, ...] = PRELOAD
+    refill_after_s: float = REFILL_AFTER_S
+
+    def __post_init__(self) -> None:
+        if not self.refill_after_s >= 0:
+            raise ValueError(f"refill_after_s must be >= 0, got {self.refill_after_s!r}")
 
 
-def serve(config: StandbyConfig, *, oom_kills: Callable[[], int | None]) -> Request:
-    """Listen, import in the background, and serve requests one at a time until one is ours to run: returns in
-    the fork only."""
+class Spare:
+    """A fresh interpreter started by the keeper, in a process group of its own: it imports the preload, waits
+    for one rank's request on its end of a socket pair, and becomes that rank (``spare_main``)."""
+
+    def __init__(self, config: StandbyConfig) -> None:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.proc = subprocess.Popen(
+                [config.python, "-m", "slurm_ft.train.standby", "--python", config.python,
+                 "--preload", ",".join(config.preload) or ",", "--spare", str(theirs.fileno()),
+                 "--keeper", str(os.getpid())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
+        self.conn = ours
+
+    def hand_over(self, request: Request, fds: Sequence[int]) -> bool:
+        """Send it the rank's request and descriptors; False when it is gone."""
+        try:
+            if self.proc.poll() is not None:
+                return False
+            send_message(self.conn, {"argv": list(request.argv), "env": dict(request.env), "cwd": request.cwd}, fds)
+            return True
+        except OSError:
+            return False
+        finally:
+            self.conn.close()
+
+    def discard(self) -> None:
+        self.conn.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_spare: list[Spare] = []  # the keeper's spare, waiting for the next restart (at most one)
+
+
+def serve(config: StandbyConfig, *, oom_kills: Callable[[], int | None]) -> None:
+    """Keep a spare and serve requests one at a time, until the stop signal."""
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     signal.signal(STOP_SIGNAL, _stop)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(config.listen)
     listener.listen(8)
-    warming = threading.Thread(target=preload, args=(config.preload,), name="slurm-ft-preload", daemon=True)
-    warming.start()
+    _refill(config)
     while True:
         conn, _ = listener.accept()
         try:
-            ticket = _handle(conn, config, oom_kills, warming)
+            _handle(conn, config, oom_kills)
         except OSError as exc:  # one broken wrapper must not take the standby down
             print(f"slurm-ft standby: request failed: {exc}", file=sys.stderr)
-            ticket = None
-        if ticket is not None:  # the fork: leave the parent's sockets behind and become the rank
-            listener.close()
-            return ticket
         conn.close()
         if _stopping:
-            os._exit(0)
+            _quit()
+        _refill(config)
+
+
+def _refill(config: StandbyConfig) -> None:
+    """A spare for the next request, unless one waits (a dead one is replaced)."""
+    if _spare and _spare[0].proc.poll() is not None:
+        _spare.pop().discard()
+    if not _spare and not _stopping:
+        try:
+            _spare.append(Spare(config))
+        except OSError as exc:  # no spare: the next restart starts cold
+            print(f"slurm-ft standby: cannot start a spare: {exc}", file=sys.stderr)
 
 
 def preload(modules: Sequence[str]) -> None:
@@ -189,51 +246,104 @@ def preload(modules: Sequence[str]) -> None:
 
 
 def _stop(signum: int, frame: object) -> None:
-    """Exit quietly when idle; while a fork runs (a step-wide SIGUSR2 of the user's), after it ends."""
+    """Exit quietly when idle; while a rank runs (a step-wide SIGUSR2 of the user's), after it ends."""
     if not _busy:
-        os._exit(0)
+        _quit()
     _stopping.append(True)
 
 
-def _handle(conn: socket.socket, config: StandbyConfig, oom_kills: Callable[[], int | None],
-            warming: threading.Thread) -> Request | None:
+def _quit() -> None:
+    for spare in _spare:
+        spare.proc.kill()
+    os._exit(0)
+
+
+def _handle(conn: socket.socket, config: StandbyConfig, oom_kills: Callable[[], int | None]) -> None:
     conn.settimeout(ASK_TIMEOUT_S)
     message, fds = recv_message(conn, want_fds=3)
     try:
         if peer_uid(conn) != os.getuid():
             send_message(conn, {"refused": "another user"})
-            return None
+            return
         request = parse_request(message, config.python)
         if isinstance(request, str) or len(fds) != 3:
             send_message(conn, {"refused": request if isinstance(request, str) else "stdin, stdout, stderr needed"})
-            return None
-        warming.join()  # a restart during warm-up waits for the imports under way: sooner than starting over
+            return
+        _refill(config)
+        if not _spare:
+            send_message(conn, {"refused": "no spare process"})
+            return
+        spare = _spare.pop()
         before = oom_kills()
-        pid = os.fork()
-        if pid == 0:
-            conn.close()
-            _take_over(fds, request)
-            fds = []  # they are our 0, 1, 2 now
-            return request
+        if not spare.hand_over(request, fds):  # it died waiting: the next request gets a new one
+            spare.discard()
+            send_message(conn, {"refused": "the spare process is gone"})
+            return
     finally:
         for fd in fds:
             os.close(fd)
-    _busy.append(pid)
+    _busy.append(spare.proc.pid)
     try:
         conn.settimeout(None)
-        send_message(conn, {"pid": pid})
-        code = _relay(conn, pid)
+        send_message(conn, {"pid": spare.proc.pid})
+        code = _relay(conn, spare.proc, refill=lambda: _refill(config), refill_after_s=config.refill_after_s)
     finally:
         _busy.clear()
     try:  # the cgroup's counter around the rank: the wrapper's end record takes the difference
         send_message(conn, {"exit": code, "oom_before": before, "oom_after": oom_kills()})
     except OSError:
         pass  # the wrapper is gone: nobody to tell
-    return None
+
+
+def _relay(conn: socket.socket, rank: subprocess.Popen, *, refill: Callable[[], None], refill_after_s: float) -> int:
+    """Pass the wrapper's signals to the rank until it ends; kill it when the wrapper goes away; start the next
+    spare once the rank has run ``refill_after_s``. Its status as Popen's returncode (-N: signal N)."""
+    refill_at = time.monotonic() + refill_after_s
+    try:
+        while True:
+            code = rank.poll()
+            if code is not None:
+                return code
+            if time.monotonic() >= refill_at:
+                refill()
+                refill_at = float("inf")
+            readable, _, _ = select.select([conn], [], [], 0.05)
+            if not readable:
+                continue
+            message, _ = recv_message(conn)
+            if message is None:  # the wrapper died (its step was killed): the rank goes with it
+                _kill(rank.pid, signal.SIGKILL)
+                return rank.wait()
+            sig = message.get("signal")
+            if isinstance(sig, int) and 0 < sig < signal.NSIG:
+                _kill(rank.pid, sig)
+    finally:
+        _kill(rank.pid, signal.SIGKILL)  # what the rank left behind, as Slurm does at the end of a step
+
+
+# --- the spare's side ------------------------------------------------------------------------------------------
+def spare_main(fd: int, keeper: int, python: str, modules: Sequence[str]) -> Request | None:
+    """In the spare: import ``modules``, then take the rank's request from the keeper (socket ``fd``) with its
+    stdio, environment and directory. None when the keeper went away first."""
+    _die_with(keeper)
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(STOP_SIGNAL, lambda signum, frame: os._exit(0))  # idle: a stop ends us quietly
+    conn = socket.socket(fileno=fd)
+    preload(modules)
+    message, fds = recv_message(conn, want_fds=3)
+    conn.close()
+    request = parse_request(message, python)
+    if isinstance(request, str) or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        return None
+    _take_over(fds, request)
+    return request
 
 
 def _take_over(fds: Sequence[int], request: Request) -> None:
-    """In the fork: the wrapper's stdio, environment and directory; default signal handling as a fresh python."""
+    """The wrapper's stdio, environment and directory; default signal handling as a fresh python."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in fds:
@@ -242,47 +352,22 @@ def _take_over(fds: Sequence[int], request: Request) -> None:
     for sig in (*_IGNORED, STOP_SIGNAL):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _busy.clear()
     os.environ.clear()
     os.environ.update(request.env)
     os.chdir(request.cwd)
-    os.setpgid(0, 0)  # its own group: signals and the final kill reach what it starts (data loader workers ...)
-    _die_with_parent()
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process when the standby (its relay to the wrapper) dies: the wrapper then records the rank
-    as killed, and nothing runs on unseen. Best effort: Linux's PR_SET_PDEATHSIG."""
+def _die_with(keeper: int) -> None:
+    """SIGKILL this process when its keeper (the rank's relay to the wrapper) dies: the wrapper then records the
+    rank as killed, and nothing runs on unseen. Best effort: Linux's PR_SET_PDEATHSIG."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the standby died before the call took effect
+    if os.getppid() != keeper:  # the keeper died before the call took effect
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _relay(conn: socket.socket, pid: int) -> int:
-    """Pass the wrapper's signals to the fork until it ends; kill it when the wrapper goes away. Its status as
-    Popen's returncode (-N: signal N)."""
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            readable, _, _ = select.select([conn], [], [], 0.05)
-            if not readable:
-                continue
-            message, _ = recv_message(conn)
-            if message is None:  # the wrapper died (its step was killed): the rank goes with it
-                _kill(pid, signal.SIGKILL)
-                return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            sig = message.get("signal")
-            if isinstance(sig, int) and 0 < sig < signal.NSIG:
-                _kill(pid, sig)
-    finally:
-        _kill(pid, signal.SIGKILL)  # what the rank left behind, as Slurm does at the end of a step
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -370,25 +455,44 @@ def ask(command: Sequence[str], environ: Mapping[str, str], stderr_fd: int, *, c
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from slurm_ft.launch_rank import oom_kills
-
     parser = argparse.ArgumentParser(prog="python -m slurm_ft.train.standby", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", required=True, help="the interpreter path the ranks' command names")
     parser.add_argument("--preload", default=",".join(PRELOAD),
                         help=f"modules to import while waiting, comma separated (default: {','.join(PRELOAD)}), "
                              f"plus ${PRELOAD_ENV}")
+    parser.add_argument("--refill-after", type=float, default=REFILL_AFTER_S, metavar="SECONDS",
+                        help=f"start the next spare once a rank has run this long (default {REFILL_AFTER_S:g})")
+    parser.add_argument("--spare", type=int, metavar="FD", help=argparse.SUPPRESS)  # the keeper's spare
+    parser.add_argument("--keeper", type=int, metavar="PID", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    extra = "" if args.spare is not None else os.environ.get(PRELOAD_ENV, "")
+    preload = tuple(m.strip() for m in f"{args.preload},{extra}".split(",") if m.strip())
+    if args.spare is not None:
+        request = spare_main(args.spare, args.keeper or os.getppid(), args.python, preload)
+        if request is not None:
+            run_rank(request)
+        return 0
+    return keep(args.python, preload, args.refill_after)
+
+
+def keep(python: str, preload: Sequence[str], refill_after_s: float) -> int:
+    """The keeper of this task's slot: serve until stopped; 1 (with the reason) when it cannot."""
+    from slurm_ft.launch_rank import oom_kills
+
     where = slot_address(os.environ)
     if where is None:
         print("slurm-ft standby: not in a Slurm step (SLURM_JOB_ID, SLURMD_NODENAME, SLURM_LOCALID)", file=sys.stderr)
         return 2
-    preload = tuple(m.strip() for m in f"{args.preload},{os.environ.get(PRELOAD_ENV, '')}".split(",") if m.strip())
     try:
-        request = serve(StandbyConfig(python=args.python, listen=where, preload=preload), oom_kills=oom_kills)
+        config = StandbyConfig(python=python, listen=where, preload=tuple(preload), refill_after_s=refill_after_s)
+    except ValueError as exc:
+        print(f"slurm-ft standby: {exc}", file=sys.stderr)
+        return 2
+    try:
+        serve(config, oom_kills=oom_kills)
     except OSError as exc:  # the slot's address is taken (a standby already serves it)
         print(f"slurm-ft standby: cannot listen on {where[1:].decode()}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    run_rank(request)
     return 0
 
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -39,10 +40,10 @@ def slot_env(tmp_path, **extra: str) -> dict[str, str]:
             "RANK": "0", "SLURM_FT_RUN_DIR": str(tmp_path / "run"), **extra}
 
 
-def start_standby(env: dict[str, str], preload: str, **kw) -> subprocess.Popen:
+def start_standby(env: dict[str, str], preload: str, *args: str, **kw) -> subprocess.Popen:
     """The slot's standby, once it listens (it answers from then on; a request waits for its imports)."""
     proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
-                             "--preload", preload], env=env, **kw)
+                             "--preload", preload, *args], env=env, **kw)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not _bound(standby.slot_address(env)):
         time.sleep(0.05)
@@ -172,6 +173,80 @@ def test_a_request_while_the_standby_still_imports_waits_for_the_imports(tmp_pat
     finally:
         proc.kill()
         proc.wait()
+
+
+def marked_slot(tmp_path, *args: str) -> tuple[dict[str, str], subprocess.Popen, Path]:
+    """A standby preloading ``marker``, a module that writes down the pid of each process that imports it."""
+    (tmp_path / "marker.py").write_text("import os\nwith open(os.environ['MARKS'], 'a') as fh: fh.write(f'{os.getpid()}\\n')\n")
+    marks = tmp_path / "marks"
+    env = slot_env(tmp_path, MARKS=str(marks), PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    proc = start_standby(env, "marker", *args)
+    env[standby.ENV] = sys.executable
+    return env, proc, marks
+
+
+def marked(marks: Path, count: int) -> list[int]:
+    """The pids that imported the marker, once there are ``count`` of them (10 s at most)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = [int(p) for p in marks.read_text().split()] if marks.exists() else []
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.05)
+    return pids
+
+
+def test_each_rank_is_a_fresh_interpreter_that_did_the_imports_itself_never_a_fork_of_one(tmp_path):
+    env, proc, marks = marked_slot(tmp_path)
+    try:
+        ranks = []
+        for _ in range(2):
+            done = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
+            out, err = done.communicate(timeout=30)
+            assert done.returncode == 0 and "rank starts cold" not in err
+            ranks.append(int(out.split()[-1]))
+        # each rank imported the preload in its own process; the keeper imported nothing (a fork of a process that
+        # imported torch is not safe: MKL's allocator spun in such a fork)
+        assert marked(marks, 3)[:2] == ranks and proc.pid not in marked(marks, 3)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_next_spare_starts_while_the_rank_runs_and_serves_the_next_restart(tmp_path):
+    env, proc, marks = marked_slot(tmp_path, "--refill-after", "0.5")
+    try:
+        rank = wrapped(env, tmp_path, sys.executable, "rank.py", "sleep")
+        first = int(rank.stdout.readline().split()[-1])
+        pids = marked(marks, 2)  # the next spare imported while the rank still ran
+        assert pids[0] == first and rank.poll() is None and pids[1] in children(proc.pid)
+        rank.kill()
+        rank.wait()
+        again = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
+        out, _ = again.communicate(timeout=30)
+        assert again.returncode == 0 and int(out.split()[-1]) == pids[1]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_spare_that_died_waiting_is_replaced_and_the_rank_still_starts_warm(slot, tmp_path):
+    env, proc = slot
+    deadline = time.monotonic() + 10
+    while not children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (spare,) = children(proc.pid)
+    os.kill(spare, signal.SIGKILL)
+    done = wrapped(env, tmp_path, sys.executable, "rank.py", "0")
+    out, err = done.communicate(timeout=30)
+    assert done.returncode == 0 and "rank starts cold" not in err and int(out.split()[-1]) != spare
+    assert read_ends(tmp_path / "run")[0].started == "standby" and proc.poll() is None
+
+
+def test_a_bad_refill_delay_is_refused_with_its_value(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+                          "--refill-after", "-1"], env=slot_env(tmp_path), capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "refill_after_s must be >= 0, got -1.0" in bad.stderr
 
 
 def test_a_rank_dies_with_its_standby_and_the_wrapper_records_the_kill(slot, tmp_path):

@@ -29,7 +29,5 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     events = [e["event"] for e in read_events(run_dir)]
     assert events.count("standby_start") == 1
     ends = sorted((end.rank, end.started, end.exit_code) for end in read_ends(run_dir))
-    if "standby_off" in events:  # the known warm hang (README): the breaker fired once and the job went on cold
-        assert events.count("standby_off") == 1 and ends == [(0, "cold", 0), (1, "cold", 0)]
-    else:
-        assert ends == [(0, "standby", 0), (1, "standby", 0)]
+    # spares, not forks of a warm parent: no warm attempt hung (with forks one did once in CI, on 25.11)
+    assert "standby_off" not in events and ends == [(0, "standby", 0), (1, "standby", 0)]

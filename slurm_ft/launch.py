@@ -436,9 +436,14 @@ class Launcher:
         # A step that had a rank on a dead node stays "completing" in Slurm's books, holding its CPUs on the live
         # nodes, until the job ends: later attempts share them (only one attempt runs at a time).
         overlap = ["--overlap"] if self.attempts > 1 else []
+        # With the wrappers' end records we see a rank fail ourselves, and end the step with srun's SIGTERM (SIGKILL
+        # to every task at once). srun's own kill on a bad exit cancels the step instead: the ranks waiting in a
+        # collective ignore its SIGTERM, and Slurm kills them only after KillWait (30 s by default), later attempts
+        # beside them. Without the records srun's kill is the only one quick enough.
+        kill_on_bad_exit = 0 if cfg.rank_records else 1
         argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * wiring.tasks_per_node}",
                 f"--ntasks-per-node={wiring.tasks_per_node}", f"--nodelist={','.join(chosen)}",
-                "--kill-on-bad-exit=1", *overlap, *wiring.prefix, *self._wrapped(cfg.command)]
+                f"--kill-on-bad-exit={kill_on_bad_exit}", *overlap, *wiring.prefix, *self._wrapped(cfg.command)]
 
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),

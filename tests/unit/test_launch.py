@@ -101,8 +101,9 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     launcher, runner, _ = make(tmp_path, [Script(run)])
     assert launcher.run() == 0
     argv, env = runner.calls[0]
+    # the launcher ends a failed step itself (srun's kill on a bad exit would leave the ranks to KillWait)
     assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
-                        "--kill-on-bad-exit=1"]
+                        "--kill-on-bad-exit=0"]
     assert argv[-6:] == [sys.executable, "-m", "slurm_ft.launch_rank", "--", "python", "train.py"]
     assert env["MASTER_PORT"] == "29500" and env["SLURM_FT_RUN_DIR"] == str(run)
     assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1" and env["MASTER_ADDR"]
@@ -412,6 +413,7 @@ def test_without_rank_records_the_command_runs_bare(tmp_path):
     assert launcher.run() == 0
     argv = runner.calls[0][0]
     assert argv[-2:] == ["python", "train.py"] and "slurm_ft.launch_rank" not in argv
+    assert "--kill-on-bad-exit=1" in argv  # no end records to see a rank fail by: srun's kill is the quick one
 
 
 class KilledRank(Script):

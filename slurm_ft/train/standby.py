@@ -176,7 +176,7 @@ class Spare:
         with theirs:
             self.proc = subprocess.Popen(
                 [config.python, "-m", "slurm_ft.train.standby", "--python", config.python,
-                 "--preload", ",".join(config.preload) or ",", "--spare", str(theirs.fileno()),
+                 "--preload", ",".join(config.preload), "--spare", str(theirs.fileno()),
                  "--keeper", str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
         self.conn = ours

@@ -136,16 +136,18 @@ def test_hang_detected_within_timeout_and_killed_then_restarted(tmp_path):
 
 
 class StuckAfterError(Script):
-    """A rank fails at poll ``at`` (its error file), but srun never returns: a task on a dead node."""
+    """Ranks 0, 1, ... fail one a poll from poll ``at`` on (their error files, ``count`` of them), but srun never
+    returns: a task on a dead node."""
 
-    def __init__(self, run_dir, *, at: int) -> None:
+    def __init__(self, run_dir, *, at: int, count: int = 1) -> None:
         super().__init__(run_dir, hang_after=10**6)
-        self.at = at
+        self.at, self.count = at, count
 
     def poll(self):
         code = super().poll()
-        if self.polls == self.at and not self.killed:
-            write_error(self.run_dir, ErrorRecord(rank=0, time=float(self.polls), exc_type="RuntimeError",
+        rank = self.polls - self.at
+        if 0 <= rank < self.count and not self.killed:
+            write_error(self.run_dir, ErrorRecord(rank=rank, time=float(self.polls), exc_type="RuntimeError",
                                                   message="Connection reset by peer", step=self.polls))
         return code
 
@@ -164,22 +166,6 @@ def test_a_rank_error_ends_an_attempt_whose_srun_never_returns(tmp_path):
     assert clock.now < 1002.0 + 2.0 + 3.0 + 10.0  # grace + kill grace + the second attempt's polls
 
 
-class StuckAfterErrors(StuckAfterError):
-    """Ranks 0, 1, ... fail one a poll from poll ``at`` on (``count`` of them); srun never returns."""
-
-    def __init__(self, run_dir, *, at: int, count: int) -> None:
-        super().__init__(run_dir, at=at)
-        self.count = count
-
-    def poll(self):
-        code = Script.poll(self)
-        rank = self.polls - self.at
-        if 0 <= rank < self.count and not self.killed:
-            write_error(self.run_dir, ErrorRecord(rank=rank, time=float(self.polls), exc_type="RuntimeError",
-                                                  message="Connection reset by peer", step=self.polls))
-        return code
-
-
 def second_start(tmp_path) -> float:
     return next(e["time"] for e in events(tmp_path) if e["event"] == "attempt_start" and e["attempt"] == 2)
 
@@ -196,7 +182,7 @@ def test_the_error_grace_ends_once_no_new_evidence_comes(tmp_path):
 
 def test_the_error_grace_runs_on_while_ranks_keep_failing(tmp_path):
     run = tmp_path / "run"
-    launcher, _, _ = make(tmp_path, [StuckAfterErrors(run, at=3, count=20), Script(run)], hang_timeout_s=60.0,
+    launcher, _, _ = make(tmp_path, [StuckAfterError(run, at=3, count=20), Script(run)], hang_timeout_s=60.0,
                           error_grace_s=5.0, error_quiet_s=1.0)
     assert launcher.run() == 0
     # a new error file every poll: the quiet period never came, the grace ran out (1002 + 5), then the kill

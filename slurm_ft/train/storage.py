@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch.distributed.checkpoint as dcp
+import torch.utils.serialization
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from slurm_ft.train import layout
@@ -99,6 +100,15 @@ class _HashingStream:
         return self.raw.closed
 
 
+def _without_zip_crc() -> contextlib.AbstractContextManager[None]:
+    """``torch.save`` without its zip CRC-32s, in this thread only (torch's serialization config is thread-local).
+
+    DCP writes each tensor with ``torch.save``, which computes a CRC-32 of every record (as long again as our
+    own digest) that ``torch.load`` never checks. The manifest's CRC-32 of each whole file, taken on the same
+    pass, is what resume verifies."""
+    return torch.utils.serialization.config.patch("save.compute_crc32", False)
+
+
 class HashingFileSystem(FileSystem):
     """DCP FileSystem that records ``{name: FileEntry}`` of each file it writes under ``root``."""
 
@@ -121,7 +131,7 @@ class HashingFileSystem(FileSystem):
         name = self._name(path)
         hook = (lambda: crash_point("mid_shard", self.step)) if name.endswith(".distcp") else None
         try:
-            with super().create_stream(path, mode) as raw:
+            with super().create_stream(path, mode) as raw, _without_zip_crc():
                 stream = _HashingStream(raw, hook)
                 yield stream
         except Exception as exc:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+import torch.utils.serialization
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from slurm_ft.train import layout
@@ -283,6 +284,33 @@ def test_manifest_digests_taken_while_writing_match_the_files(tmp_path):
     assert set(manifest.files) == set(layout.scan_files(layout.step_dir(tmp_path, 2)))
     assert layout.verify_files(manifest) == []  # the CRC-32 recomputed from disk equals the one taken on the fly
     assert result.ok and result.bytes_written == sum(e.size for e in manifest.files.values())
+
+
+def _zip_record_crcs(data: bytes) -> list[int]:
+    """The CRC-32 of every record in the zip central directories in ``data`` (a .distcp holds one zip per
+    tensor; torch's writer leaves the local headers' CRC at 0 and fills in the directory's)."""
+    crcs, at = [], data.find(b"PK\x01\x02")
+    while at >= 0:
+        crcs.append(int.from_bytes(data[at + 16:at + 20], "little"))
+        at = data.find(b"PK\x01\x02", at + 4)
+    return crcs
+
+
+def test_shards_skip_torch_saves_own_zip_crc_and_still_load(tmp_path):
+    mgr, model, opt, sched, pos = _setup(tmp_path, hidden=64, async_save=True)
+    _train(model, opt, sched, pos, 2)
+    result = mgr.save(2)
+    mgr.close()
+    assert result.ok
+    shards = list(layout.step_dir(tmp_path, 2).glob("*.distcp"))
+    crcs = [crc for shard in shards for crc in _zip_record_crcs(shard.read_bytes())]
+    assert crcs and set(crcs) == {0}  # torch.save computed no CRC that torch.load would never check
+    assert torch.utils.serialization.config.save.compute_crc32 is True  # only DCP's writer threads skip it
+    saved = _params(model)
+    _train(model, opt, sched, pos, 3)
+    mgr2, model2, *_ = _setup(tmp_path, hidden=64)
+    assert mgr2.resume() == 2
+    assert all(torch.equal(a, b) for a, b in zip(_params(model2), saved))
 
 
 def test_verify_off_checks_sizes_only(tmp_path):

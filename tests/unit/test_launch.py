@@ -155,7 +155,7 @@ class StuckAfterError(Script):
 def test_a_rank_error_ends_an_attempt_whose_srun_never_returns(tmp_path):
     run = tmp_path / "run"
     stuck = StuckAfterError(run, at=3)
-    launcher, runner, clock = make(tmp_path, [stuck, Script(run)], hang_timeout_s=60.0, error_grace_s=2.0)
+    launcher, runner, clock = make(tmp_path, [stuck, Script(run)], hang_timeout_s=60.0, evidence_wait_s=2.0)
     assert launcher.run() == 0
     assert stuck.terminated and stuck.killed
     fault = next(e for e in events(tmp_path) if e["event"] == "fault_detected")
@@ -170,23 +170,29 @@ def second_start(tmp_path) -> float:
     return next(e["time"] for e in events(tmp_path) if e["event"] == "attempt_start" and e["attempt"] == 2)
 
 
-def test_the_error_grace_ends_once_no_new_evidence_comes(tmp_path):
+def test_the_step_ends_a_second_after_the_first_evidence(tmp_path):
     run = tmp_path / "run"
     launcher, _, _ = make(tmp_path, [StuckAfterError(run, at=3), Script(run)], hang_timeout_s=60.0,
-                          error_grace_s=8.0, error_quiet_s=1.0)
+                          evidence_wait_s=1.0)
     assert launcher.run() == 0
-    # the error file came at t=1002 and nothing after it: the step was ended at the next poll (1003), then the
-    # kill's own grace (3 s: a SIGTERM the stuck srun ignores); not after the 8 s grace
+    # the error file came at t=1002: the step was ended at the next poll (1003), then the kill's own grace (3 s:
+    # a SIGTERM the stuck srun ignores)
     assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.5)
 
 
-def test_the_error_grace_runs_on_while_ranks_keep_failing(tmp_path):
+def test_ranks_that_keep_failing_do_not_hold_the_step_open(tmp_path):
     run = tmp_path / "run"
     launcher, _, _ = make(tmp_path, [StuckAfterError(run, at=3, count=20), Script(run)], hang_timeout_s=60.0,
-                          error_grace_s=5.0, error_quiet_s=1.0)
+                          evidence_wait_s=1.0)
     assert launcher.run() == 0
-    # a new error file every poll: the quiet period never came, the grace ran out (1002 + 5), then the kill
-    assert second_start(tmp_path) == pytest.approx(1007.0 + 3.0, abs=0.5)
+    # a new error file every poll (the culprit's victims, one by one): still ended 1 s after the first, then the
+    # kill; the victims' records would not change the verdict
+    assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.5)
+
+
+def test_evidence_wait_must_not_be_negative():
+    with pytest.raises(ValueError, match="evidence_wait_s"):
+        LaunchConfig(command=("python", "train.py"), evidence_wait_s=-1.0)
 
 
 def test_failure_on_healthy_nodes_restarts_in_place(tmp_path):

@@ -3,6 +3,8 @@
 The benchmark workload (``slurm_ft.train.example --timeline FILE``) writes, on rank 0 only:
 
 - ``{"ev": "launch", "t": ...}`` when the process starts (before torch and the process group),
+- ``{"ev": "process_group", "t": ...}`` once the process group has formed (not with one rank),
+- ``{"ev": "built", "t": ...}`` once the model, optimizer and checkpoint manager are built, before the resume,
 - ``{"ev": "start", "t": ..., "resumed_from": S, "world": W, "pid": P}`` when it is ready to step,
 - ``{"ev": "step", "step": N, "t0": ..., "t1": ...}`` for every step (compute, heartbeat, the step's sleep),
 - ``{"ev": "save", "step": N, "t0": ..., "t1": ...}`` for the time a checkpoint save blocked the loop,

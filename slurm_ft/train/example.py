@@ -238,6 +238,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()
     heart = HeartbeatWriter(run_dir, rank)
+    if timeline is not None:
+        timeline.write("built")
     start = mgr.resume()
     loaded_sha = param_sha256(model) if start > 0 else None
     step, emergency = start, False
@@ -297,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             rendezvous_env(os.environ)
             timeout = {"timeout": datetime.timedelta(seconds=args.pg_timeout)} if args.pg_timeout else {}
             dist.init_process_group(args.backend, rank=rank, world_size=world, **timeout)
+            if timeline is not None:
+                timeline.write("process_group")
         try:
             result = train(args, rank, world, device, tracker, run_dir, timeline)
         finally:

@@ -352,3 +352,33 @@ def test_which_commands_a_standby_runs(argv, expected):
 def test_bad_requests_are_refused_with_the_reason(message, why):
     assert standby.parse_request(message, "/py").startswith(why)
 
+
+FULLY_SHARD = textwrap.dedent("""\
+    import sys, torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
+    before = "torch._dynamo" in sys.modules
+    fully_shard(nn.Linear(4, 4))
+    print("dynamo", before, "torch._dynamo" in sys.modules, flush=True)
+    """)
+
+
+def test_a_warm_rank_finds_what_fsdp2_imports_on_first_use_already_imported(tmp_path):
+    """FSDP2's first fully_shard imports torch._dynamo (3.7 s for 8 ranks starting on 2 cores): cold, the rank
+    pays it; from a spare with the default preload it is already done."""
+    (tmp_path / "shard.py").write_text(FULLY_SHARD)
+    cold = subprocess.run([sys.executable, "shard.py", str(tmp_path / "pg-cold")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert "dynamo False True" in cold.stdout, cold.stderr
+    env = slot_env(tmp_path)
+    proc = start_standby(env, ",".join(standby.PRELOAD), stderr=subprocess.DEVNULL)
+    env[standby.ENV] = sys.executable
+    try:
+        warm = wrapped(env, tmp_path, sys.executable, "shard.py", str(tmp_path / "pg-warm"))
+        out, err = warm.communicate(timeout=120)
+        assert warm.returncode == 0 and "rank starts cold" not in err, err
+        assert "dynamo True True" in out
+    finally:
+        proc.kill()
+        proc.wait()

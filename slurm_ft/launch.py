@@ -75,12 +75,12 @@ class Outcome(str, enum.Enum):
 class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
     ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: the job's
-    restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``, ``poll_s``, ``kill_grace_s``, ``evidence_wait_s``
-    (a rank wrote its error file or ended badly: how long the launcher then waits for the rest of the evidence
-    before it ends the step; the culprit's own record comes first, later ones are the ranks it took down, and
-    the ranks still running wait in a collective they cannot leave), ``error_grace_s`` (how long srun may then
-    take to exit after its SIGTERM before SIGKILL), ``probe_timeout_s``
-    (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
+    restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``,
+    ``poll_s``, ``kill_grace_s``, ``evidence_wait_s`` (a rank wrote its error file or ended badly: how long the
+    launcher then waits for the rest of the evidence before it ends the step; the culprit's own record comes
+    first, later ones are the ranks it took down, and the ranks still running wait in a collective they cannot
+    leave), ``error_grace_s`` (how long srun may then take to exit after its SIGTERM before SIGKILL),
+    ``probe_timeout_s`` (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
     (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``), ``standby`` (warm standby ranks
     for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby)."""
 

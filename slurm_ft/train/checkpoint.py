@@ -582,16 +582,20 @@ class CheckpointManager:
             self._agree_at = call - 1 + spacing
         if call == self._agree_at:
             self.agreements += 1
-            spacing = self._proposed_spacing(call) if self.rank == 0 else 1
-            tensor = torch.tensor([self._signal_received or 0, int(self._save_due()), spacing], dtype=torch.int32)
+            # A save agreed for this call restarts the interval once it is taken (after this returns): the
+            # agreement started now must not ask for the same save again, nor space itself by the old interval.
+            spacing = self._proposed_spacing(call, saving=bool(due)) if self.rank == 0 else 1
+            due_next = 0 if due else int(self._save_due())
+            tensor = torch.tensor([self._signal_received or 0, due_next, spacing], dtype=torch.int32)
             work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self._ctl_group, async_op=True)
             self._agreement = (work, tensor)
         return signum, due
 
-    def _proposed_spacing(self, call: int) -> int:
+    def _proposed_spacing(self, call: int, *, saving: bool = False) -> int:
         """Rank 0: calls from this agreement to the next, K >= 1: ``agree_every_s`` of steps (at most a quarter
-        of the emergency deadline), and no later than the auto interval's next save is due. The step time is the
-        mean since the previous agreement."""
+        of the emergency deadline), and no later than the auto interval's next save is due (``saving``: a save
+        is taken at this call, so the interval starts now). The step time is the mean since the previous
+        agreement."""
         now = self._clock()
         last = self._last_agreement
         self._last_agreement = (call, now)
@@ -600,7 +604,7 @@ class CheckpointManager:
         step_s = (now - last[1]) / (call - last[0])
         horizon = min(self.config.agree_every_s, self.config.emergency_deadline_s / 4)
         if self._interval is not None:
-            horizon = min(horizon, self._threshold_s() - (now - self._train_since))
+            horizon = min(horizon, self._threshold_s() - (0.0 if saving else now - self._train_since))
         return max(1, min(2**30, int(horizon / step_s))) if step_s > 0 else 1
 
     def _finish_agreement(self) -> list[int] | None:

@@ -24,7 +24,7 @@ and a short root cause paragraph in the job's output.
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
 ``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``verdict``, ``first_step``,
-``standby_start``, ``standby_off``, ``exit``.
+``standby_start``, ``standby_off``, ``comment_error``, ``exit``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -59,6 +60,7 @@ log = logging.getLogger("slurm_ft.launch")
 
 EX_TEMPFAIL = 75  # sysexits.h: the allocation cannot recover; the monitor should requeue the job
 EVENTS_FILE = "events.jsonl"
+COMMENT_FLUSH_S = 30.0  # how long the launcher waits for its Comment to be written before a requeue or its exit
 LIVENESS_STALE_S = 6.0  # a rank's liveness beat (every 2 s by default) unchanged this long: the rank is stuck itself
 
 
@@ -241,6 +243,48 @@ class HangWatch:
         return self.started + self.grace_s if step_seen is None else step_seen[1]
 
 
+class CommentWriter:
+    """Sets the job's Comment from a thread of its own, newest text only: ``scontrol update`` can block for
+    seconds (a busy slurmctld; 5 s in the lab when 22.05 answered "the DB index is being set, try again"), and a
+    restart must not wait for it. ``flush`` waits until the newest text is written (before a requeue, before the
+    launcher exits: the monitor and the next run read it). A failed write goes to ``on_error``; nothing stops the
+    writer."""
+
+    def __init__(self, write: Callable[[str], None], on_error: Callable[[str], None]) -> None:
+        self._write, self._on_error = write, on_error
+        self._cond = threading.Condition()
+        self._pending: str | None = None
+        self._writing = False
+        self._thread: threading.Thread | None = None
+
+    def set(self, text: str) -> None:
+        with self._cond:
+            self._pending = text
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="slurm-ft-comment", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Whether the newest text was written (or failed) within ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._writing, timeout=timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                text, self._pending, self._writing = self._pending, None, True
+            try:
+                self._write(text)
+            except Exception as exc:  # noqa: BLE001 - a Slurm error or a bug: reported, the next text still goes
+                self._on_error(str(exc)[-200:])
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+
 # --- the supervisor -------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptResult:
@@ -272,7 +316,9 @@ class Launcher:
         self.clock, self.sleep, self.port = clock, sleep, port
         self.resume_step = resume_step
         self.restart_cause = restart_cause  # why the first attempt is a restart (the requeue's cause), else None
-        self.probe, self.set_comment = probe, set_comment
+        self.probe = probe
+        self._comments = (CommentWriter(set_comment, lambda error: self._event("comment_error", error=error))
+                          if set_comment is not None else None)
         self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch_hang); "" or why not
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         from slurm_ft.launch_preempt import PreemptConfig
@@ -289,7 +335,7 @@ class Launcher:
         self._last_root: tuple[Any, ...] | None = None
         self._stopping: tuple[str, str, list[str]] = ("unknown", "", [])
         self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
-        self._standby: Process | None = None  # the step of warm standby ranks (slurm_ft.train.standby)
+        self._standbys: list[tuple[frozenset[str], Process]] = []  # steps of warm standby ranks, by their nodes
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
 
     def run(self) -> int:
@@ -297,6 +343,7 @@ class Launcher:
             return self._run()
         finally:
             self._stop_standby()
+            self._flush_comment()
 
     def _run(self) -> int:
         bad: set[str] = set()
@@ -346,7 +393,7 @@ class Launcher:
                 return self._exit(result.exit_code or 1, f"restart budget exhausted ({self.budget.used} of "
                                   f"{self.budget.limit} used, in place and requeues together)")
             self.budget = dataclasses.replace(self.budget, in_place=self.budget.in_place + 1)
-            self._comment(self.comment)  # the new count, for the monitor and the next run
+            self._comment(self.comment, wait=False)  # the new count, for the monitor and the next run
             self._event("restart_in_place", attempt=self.attempts, retries_left=self.budget.left)
 
     def _sick(self, chosen: list[str]) -> set[str]:
@@ -380,15 +427,19 @@ class Launcher:
         self._comment(f"slurm-ft: tempfail bad_nodes={'+'.join(sorted(bad))} attempts={self.attempts}")
         return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad), unconfirmed=waiting)
 
-    def _comment(self, text: str) -> None:
-        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.budget)."""
+    def _comment(self, text: str, *, wait: bool = True) -> None:
+        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.budget); ``wait=False``
+        leaves the write to the writer's thread (a restart does not wait for scontrol)."""
         text = self.comment = with_counts(text, in_place=self.budget.in_place, free=self.budget.free)
-        if self.set_comment is None:
+        if self._comments is None:
             return
-        try:
-            self.set_comment(text)
-        except SlurmFtError as exc:
-            self._event("comment_error", error=str(exc)[-200:])
+        self._comments.set(text)
+        if wait:
+            self._flush_comment()
+
+    def _flush_comment(self) -> None:
+        if self._comments is not None and not self._comments.flush(COMMENT_FLUSH_S):
+            self._event("comment_error", error=f"the Comment was not written within {COMMENT_FLUSH_S:g} s")
 
     # --- SIGUSR1 / SIGTERM (slurm_ft.launch_preempt) ------------------------------------------------------------
     def _signalled(self) -> bool:
@@ -498,20 +549,26 @@ class Launcher:
         return python if script_of(self.config.command, python) is not None else None
 
     def _start_standby(self, chosen: list[str], tasks_per_node: int, env: Mapping[str, str]) -> None:
-        """One pre-imported standby per task slot of the attempt's nodes, in a step of its own, for the next
-        restart; started again when it has ended (a node of it died)."""
+        """One pre-imported standby per task slot of the attempt's nodes, for the next restart: one step
+        (``srun --overlap``) for the nodes that have none yet (all of them at first, a swapped-in spare later).
+
+        ``--no-kill``: when a node of the step dies, Slurm kills the step's tasks on that node only. Without it
+        Slurm kills the whole step, and with it the ranks the standbys on the surviving nodes are running: the
+        attempt that had just replaced the dead node failed again when Slurm declared the node down."""
         python = self._standby_python()
-        if python is None or self._standby_ready():
+        covered = frozenset().union(*(nodes for nodes, proc in self._standbys if proc.poll() is None))
+        missing = [n for n in chosen if n not in covered]
+        if python is None or not missing:
             return
-        argv = ["srun", f"--nodes={len(chosen)}", f"--ntasks={len(chosen) * tasks_per_node}",
-                f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(chosen)}", "--overlap",
+        argv = ["srun", f"--nodes={len(missing)}", f"--ntasks={len(missing) * tasks_per_node}",
+                f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(missing)}", "--overlap", "--no-kill",
                 "--kill-on-bad-exit=0", python, "-m", "slurm_ft.train.standby", "--python", python]
         try:
-            self._standby = self.runner(argv, env)
+            self._standbys.append((frozenset(missing), self.runner(argv, env)))
         except OSError as exc:
             self._event("standby_error", error=str(exc)[-200:])
             return
-        self._event("standby_start", attempt=self.attempts, nodes=chosen, slots=len(chosen) * tasks_per_node)
+        self._event("standby_start", attempt=self.attempts, nodes=missing, slots=len(missing) * tasks_per_node)
 
     def _turn_standby_off(self) -> None:
         """A circuit breaker: an attempt of warm ranks hung before any rank's first step (seen on a loaded host
@@ -522,20 +579,21 @@ class Launcher:
         self._stop_standby()
 
     def _standby_ready(self) -> bool:
-        return self._standby is not None and self._standby.poll() is None
+        return any(proc.poll() is None for _, proc in self._standbys)
 
     def _stop_standby(self) -> None:
         """The standbys exit quietly on their stop signal (srun's own SIGTERM would SIGKILL them, noisily)."""
         from slurm_ft.train.standby import STOP_SIGNAL
 
-        if not self._standby_ready():
-            return
-        self._standby.send_signal(STOP_SIGNAL)
+        running = [proc for _, proc in self._standbys if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(STOP_SIGNAL)
         deadline = self.clock() + 5.0
-        while self._standby.poll() is None and self.clock() < deadline:
+        while any(proc.poll() is None for proc in running) and self.clock() < deadline:
             self.sleep(0.1)
-        if self._standby.poll() is None:
-            self._kill(self._standby, grace_s=0.0)
+        for proc in running:
+            if proc.poll() is None:
+                self._kill(proc, grace_s=0.0)
 
     def _committed(self) -> int | None:
         """The newest committed checkpoint step (what this attempt resumes from), when the ckpt dir is known."""

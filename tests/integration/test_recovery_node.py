@@ -101,9 +101,9 @@ def _events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _script(*launch_args: str) -> str:
+def _script(*launch_args: str, step_time: float = 0.3) -> str:
     return (f"exec {sys.executable} -m slurm_ft.cli launch --startup-grace 40 --probe-timeout 5 --node-fail-wait 40 "
-            f"{' '.join(launch_args)} -- {' '.join(TRAINER)} --step-time 0.3\n")
+            f"{' '.join(launch_args)} -- {' '.join(TRAINER)} --step-time {step_time}\n")
 
 
 def _ft_flags(ckpt: Path, **extra: str) -> list[str]:
@@ -152,7 +152,8 @@ def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha
     ckpt = _fresh_dir(lab, "ck-spare-")
     run_dir = ckpt / ".slurm-ft"
     with MonitorThread(lab) as monitor:
-        job_id = submit(lab, _script(), "-N3", "--no-kill", "-J", "rec-spare",
+        # 2.5 s steps: the attempt after the swap still runs when Slurm declares the dead node DOWN (10-25 s)
+        job_id = submit(lab, _script(step_time=2.5), "-N3", "--no-kill", "-J", "rec-spare",
                         *_ft_flags(ckpt, **{"spare-nodes": "1"}), env=lab_env(lab))
         monitor.job_ids.add(job_id)
         victim = None
@@ -163,6 +164,11 @@ def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha
             crashed_at = _wait_step(run_dir, hung_at + 1, attempt=2, timeout=150)
             victim = next(e for e in _events(run_dir) if e["event"] == "attempt_start" and e["attempt"] == 2)["nodes"][1]
             crash_node(lab, victim)
+            wait_for(lambda: next(n for n in lab.client().nodes() if n.name == victim).down, 90,
+                     message=f"Slurm declares {victim} DOWN")
+            # Slurm now kills the job's steps on the dead node; the standbys' step must lose that node's tasks
+            # only, not the warm rank it runs on a survivor for the attempt after the swap (srun --no-kill)
+            assert lab.client().job(job_id).state.value == "RUNNING", "the job ended before the node went DOWN"
             done = wait_job(lab, job_id, TERMINAL, timeout=240)
             assert done.state.value == "COMPLETED", output_of(lab, job_id)[-3000:]
             assert done.restart_count == 0  # recovered inside the allocation, never requeued
@@ -173,6 +179,7 @@ def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha
             faults = [e for e in events if e["event"] == "fault_detected"]
             assert [s["nodes"] for s in starts][:2] == [list(job.nodes[:2])] * 2  # the hang: same nodes
             assert victim not in starts[2]["nodes"] and job.nodes[2] in starts[2]["nodes"]  # the spare swapped in
+            assert len(starts) == 3 and len(faults) == 2, faults  # nothing failed after the swap
             assert faults[0]["kind"] == "hung" and 1 in faults[0]["hung_ranks"]
             beats = {b.rank: b for b in read_heartbeats(run_dir / "attempt-1")}
             assert faults[0]["time"] - beats[1].time <= 10 + 5  # within the hang timeout (plus polling)

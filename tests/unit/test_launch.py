@@ -387,6 +387,48 @@ def test_requeued_past_the_budget_stops_before_running(tmp_path):
     assert comments[0].startswith("slurm-ft: stopped cause=unknown by=launch restart budget exhausted (3 restarts > 2")
 
 
+def test_a_restart_does_not_wait_for_a_slow_comment_update_and_the_exit_does(tmp_path):
+    """scontrol update blocked 5 s in the lab ("the DB index is being set"); the restart went on without it."""
+    import threading
+
+    run = tmp_path / "run"
+    written, release = [], threading.Event()
+
+    def slow_scontrol(text):
+        assert release.wait(10), "the launcher waited for the Comment before starting the next attempt"
+        written.append(text)
+
+    class Released(Script):
+        def poll(self):
+            release.set()  # the next attempt runs while the restart's Comment is still being written
+            return super().poll()
+
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1), Released(run)], max_restarts=1,
+                               set_comment=slow_scontrol)
+    assert launcher.run() == 0
+    assert len(runner.calls) == 2
+    assert written == ["slurm-ft: in_place=1"]  # written before the launcher exited
+
+
+def test_a_failing_comment_update_is_reported_and_the_next_one_still_goes(tmp_path):
+    from slurm_ft.errors import SlurmFtError
+    from slurm_ft.launch import CommentWriter
+
+    written, errors = [], []
+
+    def scontrol(text):
+        if text == "bad":
+            raise SlurmFtError("scontrol update JobId=1 Comment=bad failed (exit 1): try again in a bit")
+        written.append(text)
+
+    writer = CommentWriter(scontrol, errors.append)
+    writer.set("bad")
+    assert writer.flush(5)
+    writer.set("good")
+    assert writer.flush(5)
+    assert written == ["good"] and errors == ["scontrol update JobId=1 Comment=bad failed (exit 1): try again in a bit"]
+
+
 def test_a_job_submitted_with_ft_is_registered_by_the_prolog_not_by_the_launcher(tmp_path, monkeypatch):
     from slurm_ft.launch import _register_with_monitor
 
@@ -520,12 +562,33 @@ def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(t
                         sleep=clock.sleep, port=lambda: 29500)
     assert launcher.run() == 0
     (first, first_env), (argv, _), (_, second_env) = runner.calls
-    assert argv[:7] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap",
-                        "--kill-on-bad-exit=0"]
-    assert argv[7:] == ["python3", "-m", "slurm_ft.train.standby", "--python", "python3"]
+    assert argv[:8] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap",
+                        "--no-kill", "--kill-on-bad-exit=0"]
+    assert argv[8:] == ["python3", "-m", "slurm_ft.train.standby", "--python", "python3"]
     assert "SLURM_FT_STANDBY" not in first_env and second_env["SLURM_FT_STANDBY"] == "python3"
     assert standby.signals == [signal.SIGUSR2] and not standby.killed  # ended quietly with the launcher
     assert [e["event"] for e in events(tmp_path)].count("standby_start") == 1
+
+
+def test_a_swapped_in_spare_gets_standbys_of_its_own_and_a_node_death_spares_the_others(tmp_path):
+    """A dead node's part of the standby step dies with it; the standbys on the other nodes (and the ranks they
+    run) must not (``--no-kill``), and the spare that replaced it gets a standby step for itself alone."""
+    run = tmp_path / "run"
+    first, second = Standby(), Standby()
+    probe = [{}, {"n2": "probe step did not finish within 5s"}, {}]
+    config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,
+                          spare_nodes=1, max_restarts=2)
+    clock = Clock()
+    runner = Runner([Script(run, code=1, steps=3), first, Script(run, code=1, steps=3), Script(run, code=1, steps=3),
+                     second, Script(run)])
+    launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
+    assert launcher.run() == 0
+    standby_steps = [argv for argv, _ in runner.calls if "slurm_ft.train.standby" in argv]
+    assert [a[4] for a in standby_steps] == ["--nodelist=n1,n2", "--nodelist=n3"]
+    assert all("--no-kill" in a for a in standby_steps)
+    assert "--nodelist=n1,n3" in runner.calls[3][0] and runner.calls[3][1]["SLURM_FT_STANDBY"] == "python3"
+    assert first.signals == second.signals == [signal.SIGUSR2]  # both stopped quietly at the end
 
 
 @pytest.mark.parametrize("command, standby", [(("bash", "run.sh"), True), (("python", "-u", "train.py"), True),

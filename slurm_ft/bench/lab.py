@@ -75,6 +75,7 @@ class LabBenchConfig:
     ettr_step_time_s: float = 0.5
     revive_after_s: float = 30.0
     run_timeout_s: float = 600.0
+    stall_cancel_s: float = 600.0  # a running job with no new timeline record this long is hung: cancelled
     keep_lab: bool = False
 
     def __post_init__(self) -> None:
@@ -92,6 +93,8 @@ class LabBenchConfig:
         if self.ettr_nodes < 1 or not self.ettr_minutes > 0 or not self.fault_every_s > 0:
             raise ValueError(f"ettr_nodes >= 1, ettr_minutes > 0 and fault_every_s > 0, got {self.ettr_nodes}, "
                              f"{self.ettr_minutes}, {self.fault_every_s}")
+        if not self.stall_cancel_s > 0:
+            raise ValueError(f"stall_cancel_s: must be > 0, got {self.stall_cancel_s}")
         if self.run_timeout_s <= 0 or self.revive_after_s < 0:
             raise ValueError(f"run_timeout_s > 0 and revive_after_s >= 0, got {self.run_timeout_s}, "
                              f"{self.revive_after_s}")
@@ -138,7 +141,9 @@ class Run:
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     result: dict[str, Any] | None = None
     timed_out: bool = False
+    stalled: bool = False  # cancelled: running, but no new timeline record within ``stall_cancel_s``
     skipped: int = 0  # scheduled faults that came while the job was down (ETTR phase)
+    progress: tuple[int, float] | None = None  # (records seen, when that count last grew) while running
 
     @property
     def done(self) -> bool:
@@ -148,6 +153,14 @@ class Run:
     def refresh_timeline(self) -> None:
         if self.spec.timeline.exists():
             self.records = tl.read_timeline(self.spec.timeline)
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds this running job has gone without a new timeline record (0 while it is not running)."""
+        if self.state is not JobState.RUNNING:
+            self.progress = None
+        elif self.progress is None or len(self.records) != self.progress[0]:
+            self.progress = (len(self.records), now)
+        return 0.0 if self.progress is None else now - self.progress[1]
 
     def first_step_time(self) -> float | None:
         return next((r["t1"] for r in self.records if r["ev"] == "step"), None)
@@ -230,19 +243,26 @@ class Bench:
                     continue
                 run.refresh_timeline()
                 _check_teardown(run)
-                if run.state is JobState.RUNNING:
+                if run.stalled_for(now) > self.config.stall_cancel_s:
+                    self._cancel(run, f"running without a new timeline record for {self.config.stall_cancel_s:g} "
+                                      "s (hung)")
+                    run.stalled = True
+                elif run.state is JobState.RUNNING:
                     inject(run)
             self._revive_due()
             if now > deadline:
                 for run in runs:
                     if not run.done:
-                        run.timed_out = True
-                        subprocess.run(["scancel", str(run.job_id)], env=self.env(), check=False, timeout=30)
-                        self.say(f"{run.spec.name}: job {run.job_id} not done within {timeout_s:.0f} s: cancelled")
+                        self._cancel(run, f"not done within {timeout_s:.0f} s")
             time.sleep(0.1)
         for run in runs:
             run.refresh_timeline()
             run.result = _result(run)
+
+    def _cancel(self, run: Run, why: str) -> None:
+        run.timed_out = True
+        subprocess.run(["scancel", str(run.job_id)], env=self.env(), check=False, timeout=30)
+        self.say(f"{run.spec.name}: job {run.job_id} {why}: cancelled")
 
     def run_one(self, spec: JobSpec, inject: Callable[[Run], None] | None = None) -> Run:
         run = self.submit(spec)
@@ -483,7 +503,7 @@ def ettr_row(run: Run, baseline_every: int) -> dict[str, Any]:
     ends = [r["t"] for r in records if r["ev"] == "end"]
     row: dict[str, Any] = {"system": run.spec.system.value, "nodes": run.spec.nodes, "job_id": run.job_id,
                            "faults": [f.kind for f in run.faults], "faults_skipped": run.skipped,
-                           "requeues": run.restarts,
+                           "requeues": run.restarts, "stalled": run.stalled,
                            "completed": bool(ends) and run.state is JobState.COMPLETED}
     if not launches or not ends:
         return {**row, "ettr": None}
@@ -604,6 +624,8 @@ def _interval_cell(row: dict[str, Any]) -> str:
         first, last = row.get("save_gap_first_s"), row.get("save_gap_last_s")
         lived = f"{first:.1f} s -> {last:.1f} s, " if first is not None and last is not None else ""
         return f"auto: {lived}now {row['interval_s']:.1f} s"
+    if row.get("stalled"):
+        return "hung: cancelled"
     return f"every {row['interval_steps']} steps" if row.get("interval_steps") else "-"
 
 

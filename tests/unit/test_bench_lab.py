@@ -222,3 +222,24 @@ def test_save_gaps_are_measured_within_an_attempt():
 def test_a_bad_knob_is_one_error_naming_it(flag, value):
     with pytest.raises(SlurmFtError, match=r"bench lab: (mtbf_prior_s|hang_timeout_s): must be > 0"):
         lab.config_from_args(lab.parse_args([flag, value, "--dir", "/tmp/q"]))
+
+
+def test_a_running_job_is_stalled_only_while_its_timeline_does_not_grow():
+    """torchrun's job once hung after a node death with no step for 14 minutes; the bench now cancels such a job
+    after ``stall_cancel_s`` instead of waiting out the whole ETTR budget."""
+    run = _run(REQUEUED[:3], _spec(System.TORCHRUN, steps=10), state="RUNNING")
+    assert run.stalled_for(100.0) == 0.0
+    assert run.stalled_for(400.0) == 300.0
+    run.records.append({"ev": "step", "step": 2, "t0": 401.0, "t1": 402.0})
+    assert run.stalled_for(450.0) == 0.0  # a new record: progress
+    from slurm_ft.slurm.types import JobState
+
+    run.state = JobState.PENDING  # requeued and waiting for nodes: not a stall
+    assert run.stalled_for(2000.0) == 0.0
+    run.state = JobState.RUNNING
+    assert run.stalled_for(2100.0) == 0.0 and run.stalled_for(2200.0) == 100.0
+
+
+def test_the_stall_limit_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="stall_cancel_s"):
+        lab.LabBenchConfig(dir=tmp_path, out=tmp_path, stall_cancel_s=0)

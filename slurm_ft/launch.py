@@ -336,6 +336,7 @@ class Launcher:
         self._stopping: tuple[str, str, list[str]] = ("unknown", "", [])
         self._failure = "unknown"  # the category of the last attempt's fault: the next attempt's restart cause
         self._standbys: list[tuple[frozenset[str], Process]] = []  # steps of warm standby ranks, by their nodes
+        self._bad: set[str] = set()  # nodes of the allocation found unhealthy: no attempt, no standby on them
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
 
     def run(self) -> int:
@@ -346,7 +347,7 @@ class Launcher:
             self._flush_comment()
 
     def _run(self) -> int:
-        bad: set[str] = set()
+        bad = self._bad
         if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
             from slurm_ft.monitor import stop_comment
 
@@ -549,15 +550,17 @@ class Launcher:
         return python if script_of(self.config.command, python) is not None else None
 
     def _start_standby(self, chosen: list[str], tasks_per_node: int, env: Mapping[str, str]) -> None:
-        """One pre-imported standby per task slot of the attempt's nodes, for the next restart: one step
-        (``srun --overlap``) for the nodes that have none yet (all of them at first, a swapped-in spare later).
+        """One pre-imported standby per task slot of the attempt's nodes and of the spare nodes (a node swapped
+        in then starts its ranks warm too), for the next restart: one step (``srun --overlap``) for the nodes that
+        have none yet (all of them at first; later the nodes whose standby step has ended).
 
         ``--no-kill``: when a node of the step dies, Slurm kills the step's tasks on that node only. Without it
         Slurm kills the whole step, and with it the ranks the standbys on the surviving nodes are running: the
         attempt that had just replaced the dead node failed again when Slurm declared the node down."""
         python = self._standby_python()
         covered = frozenset().union(*(nodes for nodes, proc in self._standbys if proc.poll() is None))
-        missing = [n for n in chosen if n not in covered]
+        spares = [n for n in self.allocation if n not in chosen and n not in self._bad]
+        missing = [n for n in [*chosen, *spares] if n not in covered]
         if python is None or not missing:
             return
         argv = ["srun", f"--nodes={len(missing)}", f"--ntasks={len(missing) * tasks_per_node}",

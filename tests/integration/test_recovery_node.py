@@ -32,7 +32,7 @@ from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, 
 
 from slurm_ft.faults import crash_node, signal_rank
 from slurm_ft.monitor import parse_resume_step
-from slurm_ft.train.records import read_heartbeats
+from slurm_ft.train.records import read_ends, read_heartbeats
 
 pytestmark = pytest.mark.lab
 
@@ -180,6 +180,8 @@ def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha
             assert [s["nodes"] for s in starts][:2] == [list(job.nodes[:2])] * 2  # the hang: same nodes
             assert victim not in starts[2]["nodes"] and job.nodes[2] in starts[2]["nodes"]  # the spare swapped in
             assert len(starts) == 3 and len(faults) == 2, faults  # nothing failed after the swap
+            # the spare node had standbys from the start: both ranks of the attempt after the swap started warm
+            assert {e.rank: e.started for e in read_ends(run_dir)} == {0: "standby", 1: "standby"}
             assert faults[0]["kind"] == "hung" and 1 in faults[0]["hung_ranks"]
             beats = {b.rank: b for b in read_heartbeats(run_dir / "attempt-1")}
             assert faults[0]["time"] - beats[1].time <= 10 + 5  # within the hang timeout (plus polling)

@@ -570,25 +570,47 @@ def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(t
     assert [e["event"] for e in events(tmp_path)].count("standby_start") == 1
 
 
-def test_a_swapped_in_spare_gets_standbys_of_its_own_and_a_node_death_spares_the_others(tmp_path):
-    """A dead node's part of the standby step dies with it; the standbys on the other nodes (and the ranks they
-    run) must not (``--no-kill``), and the spare that replaced it gets a standby step for itself alone."""
+def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_path):
+    """The spare node's standbys start with the others, so the node swapped in for a dead one starts its rank
+    warm; a dead node's part of the standby step dies with it, the standbys on the other nodes (and the ranks they
+    run) must not (``--no-kill``)."""
     run = tmp_path / "run"
-    first, second = Standby(), Standby()
+    standby = Standby()
     probe = [{}, {"n2": "probe step did not finish within 5s"}, {}]
     config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,
                           spare_nodes=1, max_restarts=2)
     clock = Clock()
-    runner = Runner([Script(run, code=1, steps=3), first, Script(run, code=1, steps=3), Script(run, code=1, steps=3),
-                     second, Script(run)])
+    runner = Runner([Script(run, code=1, steps=3), standby, Script(run, code=1, steps=3), Script(run)])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
                         clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
-    standby_steps = [argv for argv, _ in runner.calls if "slurm_ft.train.standby" in argv]
-    assert [a[4] for a in standby_steps] == ["--nodelist=n1,n2", "--nodelist=n3"]
-    assert all("--no-kill" in a for a in standby_steps)
+    [standby_step] = [argv for argv, _ in runner.calls if "slurm_ft.train.standby" in argv]
+    assert standby_step[1:5] == ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"]
+    assert "--no-kill" in standby_step
     assert "--nodelist=n1,n3" in runner.calls[3][0] and runner.calls[3][1]["SLURM_FT_STANDBY"] == "python3"
-    assert first.signals == second.signals == [signal.SIGUSR2]  # both stopped quietly at the end
+    assert standby.signals == [signal.SIGUSR2]  # stopped quietly at the end
+
+
+def test_nodes_whose_standby_step_ended_get_a_new_one_without_the_bad_node(tmp_path):
+    run = tmp_path / "run"
+    first, second = Standby(), Standby()
+    probe = [{"n2": "probe step did not finish within 5s"}, {}]
+    config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,
+                          spare_nodes=1, max_restarts=2)
+    clock = Clock()
+
+    class Ends(Script):
+        def poll(self):
+            first.killed = True  # the standby step ended while this attempt ran (srun lost it)
+            return super().poll()
+
+    runner = Runner([Script(run, code=1, steps=3), first, Ends(run), second])
+    launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
+    assert launcher.run() == 0
+    steps = [argv for argv, _ in runner.calls if "slurm_ft.train.standby" in argv]
+    assert [a[4] for a in steps] == ["--nodelist=n1,n2,n3", "--nodelist=n1,n3"]  # not on the bad node n2
+    assert second.signals == [signal.SIGUSR2] and first.signals == []  # an ended step gets no stop signal
 
 
 @pytest.mark.parametrize("command, standby", [(("bash", "run.sh"), True), (("python", "-u", "train.py"), True),

@@ -347,7 +347,6 @@ class Launcher:
             self._flush_comment()
 
     def _run(self) -> int:
-        bad = self._bad
         if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
             from slurm_ft.monitor import stop_comment
 
@@ -357,9 +356,9 @@ class Launcher:
             return self._exit(1, why)
         self._archive("earlier")  # a requeued job's run dir holds the previous run's beats and errors
         while True:
-            chosen = choose_nodes(self.allocation, wanted=self.wanted, bad=bad)
+            chosen = choose_nodes(self.allocation, wanted=self.wanted, bad=self._bad)
             if chosen is None:
-                return self._exit(EX_TEMPFAIL, "no healthy nodes left in the allocation", bad=sorted(bad))
+                return self._exit(EX_TEMPFAIL, "no healthy nodes left in the allocation", bad=sorted(self._bad))
             if self._signalled():  # between attempts: nothing runs, the newest checkpoint is the resume step
                 return self._preempted()
             self.attempts += 1
@@ -379,9 +378,9 @@ class Launcher:
             verdict = self._judge(result, sick)
             if sick:
                 self._failure = Category.HARDWARE_NODE.value
-                bad |= sick
-                if choose_nodes(self.allocation, wanted=self.wanted, bad=bad) is None:
-                    return self._give_up(sick, bad)
+                self._bad |= sick
+                if choose_nodes(self.allocation, wanted=self.wanted, bad=self._bad) is None:
+                    return self._give_up(sick, self._bad)
                 self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
                 continue  # a membership change: no retry used
             if result.outcome is Outcome.FAILED and not self._recoverable(verdict):
@@ -558,10 +557,12 @@ class Launcher:
         Slurm kills the whole step, and with it the ranks the standbys on the surviving nodes are running: the
         attempt that had just replaced the dead node failed again when Slurm declared the node down."""
         python = self._standby_python()
+        if python is None:
+            return
         covered = frozenset().union(*(nodes for nodes, proc in self._standbys if proc.poll() is None))
         spares = [n for n in self.allocation if n not in chosen and n not in self._bad]
         missing = [n for n in [*chosen, *spares] if n not in covered]
-        if python is None or not missing:
+        if not missing:
             return
         argv = ["srun", f"--nodes={len(missing)}", f"--ntasks={len(missing) * tasks_per_node}",
                 f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(missing)}", "--overlap", "--no-kill",

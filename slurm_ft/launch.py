@@ -55,6 +55,7 @@ from slurm_ft.launch_text import describe
 from slurm_ft.slurm.types import NodeInfo
 from slurm_ft.train.records import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
                                     read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
+from slurm_ft.train.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
 
 log = logging.getLogger("slurm_ft.launch")
 
@@ -84,7 +85,9 @@ class LaunchConfig:
     leave), ``error_grace_s`` (how long srun may then take to exit after its SIGTERM before SIGKILL),
     ``probe_timeout_s`` (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
     (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``), ``standby`` (warm standby ranks
-    for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby)."""
+    for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby), ``launcher_store`` (restarts
+    rendezvous at a store held open on the launcher's node, ``slurm_ft.train.store``; off with
+    --no-launcher-store)."""
 
     command: tuple[str, ...]
     nodes: int | None = None
@@ -102,6 +105,7 @@ class LaunchConfig:
     node_fail_wait_s: float = 60.0
     rank_records: bool = True
     standby: bool = False
+    launcher_store: bool = False
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -141,6 +145,16 @@ class Process(Protocol):
 
 class Runner(Protocol):
     def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> Process: ...
+
+
+class StoreHost(Protocol):
+    """The rendezvous store on the launcher's node (``slurm_ft.train.store.StoreKeeper``)."""
+
+    def start(self) -> None: ...
+
+    def open(self) -> tuple[str, int] | None: ...
+
+    def close(self) -> None: ...
 
 
 class _Popen:
@@ -308,7 +322,8 @@ class Launcher:
                  set_comment: Callable[[str], None] | None = None, requeues: int = 0,
                  restart_cause: str | None = None, latch: Any = None, preempt: Any = None,
                  requeue: Callable[[], None] | None = None, comment: str = "",
-                 gather_hang: Callable[[Sequence[str], Path], str] | None = None) -> None:
+                 gather_hang: Callable[[Sequence[str], Path], str] | None = None,
+                 store: StoreHost | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -320,6 +335,7 @@ class Launcher:
         self._comments = (CommentWriter(set_comment, lambda error: self._event("comment_error", error=error))
                           if set_comment is not None else None)
         self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch_hang); "" or why not
+        self.store = store  # holds each restart's rendezvous store open before the ranks start (else rank 0 does)
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         from slurm_ft.launch_preempt import PreemptConfig
 
@@ -344,6 +360,8 @@ class Launcher:
             return self._run()
         finally:
             self._stop_standby()
+            if self.store is not None:
+                self.store.close()
             self._flush_comment()
 
     def _run(self) -> int:
@@ -499,7 +517,8 @@ class Launcher:
 
         started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
-                    time=started, resume_step=self._committed())
+                    store="launcher" if env.get(AGENT_STORE_ENV) == "True" else "rank 0", time=started,
+                    resume_step=self._committed())
         proc = self.runner(argv, env)
         watch = HangWatch(len(chosen) * wiring.ranks_per_node, started, timeout_s=cfg.hang_timeout_s,
                           grace_s=cfg.startup_grace_s)
@@ -520,6 +539,8 @@ class Launcher:
                 first_step_logged = True
                 self._event("first_step", attempt=self.attempts, step=max(b.step for b in beats), time=now)
                 self._start_standby(chosen, wiring.tasks_per_node, env)  # off the startup's critical path
+                if self.store is not None:
+                    self.store.start()  # likewise: the next attempt's store
             stuck = watch.hung(now)
             if stuck:
                 hang = self._hang_evidence(chosen, watch, now)  # before the kill: stopped ranks, stacks
@@ -651,8 +672,16 @@ class Launcher:
 
     def _env(self, chosen: list[str]) -> dict[str, str]:
         env = dict(self.environ)
-        env["MASTER_ADDR"] = master_addr(chosen[0], self.environ)
-        env["MASTER_PORT"] = str(self.port())
+        held = self.store.open() if self.store is not None else None
+        if held is not None:  # every rank connects to it; none hosts it (slurm_ft.train.store)
+            env["MASTER_ADDR"], port = held
+            env["MASTER_PORT"] = str(port)
+            env[AGENT_STORE_ENV], env[RESTART_COUNT_ENV] = "True", str(self.attempts - 1)
+        else:
+            env["MASTER_ADDR"] = master_addr(chosen[0], self.environ)
+            env["MASTER_PORT"] = str(self.port())
+            env.pop(AGENT_STORE_ENV, None)
+            env.pop(RESTART_COUNT_ENV, None)
         env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
         env["SLURM_FT_ATTEMPT"] = str(self.attempts)
         if self.resume_step is not None and self.attempts == 1:
@@ -747,6 +776,10 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
     parser.add_argument("--no-standby", action="store_true",
                         help="restart ranks cold instead of from warm standby processes that imported torch "
                              "while the first attempt trained")
+    parser.add_argument("--no-launcher-store", action="store_true",
+                        help="let rank 0 host each restart's rendezvous store (as torch does) instead of a store "
+                             "the launcher holds open before the ranks start; for scripts that make their own "
+                             "TCPStore server at MASTER_PORT")
     parser.add_argument("--preempt-deadline", type=float,
                         help="seconds the ranks get to save after SIGUSR1/SIGTERM (default $SLURM_FT_PREEMPT_DEADLINE "
                              "or 25; on SIGTERM at most KillWait - 5)")
@@ -788,7 +821,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             run_dir=Path(run_dir).absolute(), probe_timeout_s=args.probe_timeout,
                             node_fail_wait_s=args.node_fail_wait,
                             rank_records=not getattr(args, "no_rank_records", False),
-                            standby=not getattr(args, "no_standby", False))
+                            standby=not getattr(args, "no_standby", False),
+                            launcher_store=not getattr(args, "no_launcher_store", False))
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 
@@ -879,8 +913,24 @@ def _main(args: argparse.Namespace) -> int:
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
-                        latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang)
+                        latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
+                        store=store_keeper(config, allocation, environ))
     return launcher.run()
+
+
+def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str]) -> StoreHost | None:
+    """The keeper of the restarts' rendezvous stores (``slurm_ft.train.store``), or None where rank 0 keeps hosting
+    them: turned off, a torchrun command (its agent holds its own store), a ``$MASTER_ADDR`` of the user's, or a
+    launcher outside the allocation's nodes (the ranks may not reach it)."""
+    from slurm_ft.launch_env import is_torchrun
+    from slurm_ft.train.store import StoreKeeper
+
+    node = environ.get("SLURMD_NODENAME", "")
+    if (not config.launcher_store or is_torchrun(config.command) or environ.get("MASTER_ADDR")
+            or node not in allocation):
+        return None
+    python = config.command[0] if Path(config.command[0]).name.startswith("python") else sys.executable
+    return StoreKeeper(python, master_addr(node, environ), environ=environ)
 
 
 def _job_comment(client: Any, job_id: str) -> str:

@@ -180,6 +180,8 @@ def test_hang_then_node_death_recovered_in_place_with_a_spare(lab, reference_sha
             assert [s["nodes"] for s in starts][:2] == [list(job.nodes[:2])] * 2  # the hang: same nodes
             assert victim not in starts[2]["nodes"] and job.nodes[2] in starts[2]["nodes"]  # the spare swapped in
             assert len(starts) == 3 and len(faults) == 2, faults  # nothing failed after the swap
+            # the restarts rendezvoused at the store the launcher held open, not at one rank 0 had to start
+            assert [s["store"] for s in starts] == ["rank 0", "launcher", "launcher"]
             # the spare node had standbys from the start: both ranks of the attempt after the swap started warm
             assert {e.rank: e.started for e in read_ends(run_dir)} == {0: "standby", 1: "standby"}
             assert faults[0]["kind"] == "hung" and 1 in faults[0]["hung_ranks"]

@@ -636,6 +636,76 @@ def test_the_cli_turns_standby_on_unless_told_not_to(tmp_path):
     assert on.standby and not off.standby
 
 
+class Store:
+    """A fake keeper of the rendezvous stores: not ready until started, then a new port per attempt."""
+
+    def __init__(self, ports=(41000, 41001, 41002)) -> None:
+        self.ports, self.started, self.closed = list(ports), 0, False
+
+    def start(self):
+        self.started += 1
+
+    def open(self):
+        return ("10.0.0.9", self.ports.pop(0)) if self.started and self.ports else None
+
+    def close(self):
+        self.closed = True
+
+
+def test_restarts_rendezvous_at_the_launchers_store_and_the_first_attempt_at_rank_0(tmp_path):
+    """Restarted ranks come up at different times; with rank 0 hosting the store, a rank ahead of rank 0's
+    server pays torch's connect backoff (0.6 s for 0.1 s late). The keeper starts once the first attempt trains,
+    and every later attempt connects to a fresh store it holds open, all ranks as clients."""
+    run = tmp_path / "run"
+    store = Store()
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1, steps=3), Script(run, code=1, steps=3), Script(run)],
+                               max_restarts=2)
+    launcher.store = store
+    assert launcher.run() == 0
+    first, second, third = (env for _, env in runner.calls)
+    assert first["MASTER_PORT"] == "29500" and "TORCHELASTIC_USE_AGENT_STORE" not in first
+    assert (second["MASTER_ADDR"], second["MASTER_PORT"]) == ("10.0.0.9", "41000")
+    assert (third["MASTER_ADDR"], third["MASTER_PORT"]) == ("10.0.0.9", "41001")  # a fresh store per attempt
+    assert second["TORCHELASTIC_USE_AGENT_STORE"] == "True" and second["TORCHELASTIC_RESTART_COUNT"] == "1"
+    assert third["TORCHELASTIC_RESTART_COUNT"] == "2"
+    starts = [e for e in events(tmp_path) if e["event"] == "attempt_start"]
+    assert [e["store"] for e in starts] == ["rank 0", "launcher", "launcher"]
+    assert store.closed  # the keeper ends with the launcher
+
+
+def test_an_attempt_without_a_store_falls_back_to_rank_0_and_drops_the_switch(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1, steps=3), Script(run)])
+    launcher.store = Store(ports=())  # the keeper died or answered late: no store for the restart
+    launcher.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # inherited: must not make rank 0 a client
+    assert launcher.run() == 0
+    restart = runner.calls[1][1]
+    assert restart["MASTER_PORT"] == "29501" and "TORCHELASTIC_USE_AGENT_STORE" not in restart
+
+
+@pytest.mark.parametrize("argv, environ, held", [
+    (["--", "python", "t.py"], {"SLURMD_NODENAME": "n1"}, True),
+    (["--no-launcher-store", "--", "python", "t.py"], {"SLURMD_NODENAME": "n1"}, False),
+    (["--", "torchrun", "--nproc-per-node=2", "t.py"], {"SLURMD_NODENAME": "n1"}, False),  # its agent's store
+    (["--", "python", "t.py"], {"SLURMD_NODENAME": "n1", "MASTER_ADDR": "10.1.1.1"}, False),  # the user's
+    (["--", "python", "t.py"], {"SLURMD_NODENAME": "login1"}, False),  # outside the allocation
+])
+def test_the_launcher_holds_the_store_only_where_every_rank_can_use_it(argv, environ, held):
+    import argparse
+
+    from slurm_ft.launch import store_keeper
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="cmd"))
+    config = config_from_args(parser.parse_args(["launch", *argv]), environ)
+    keeper = store_keeper(config, ["n1", "n2"], environ)
+    assert (keeper is not None) == held
+    if held:
+        from slurm_ft.launch import master_addr
+
+        assert keeper.python == "python" and keeper.addr == master_addr("n1", {})  # the launcher's own node
+
+
 class Silent(Script):
     """An attempt whose ranks never reach a step (no heartbeat) and never exit: hung before its first step."""
 

@@ -17,7 +17,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import sys
 import time
@@ -36,12 +35,6 @@ def _rank(rank: int, world: int, late: float, env: dict, release, out) -> None:
     dist.barrier()
     out.put(time.monotonic() - start)
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def one(world: int, late: float, env: dict) -> float:
@@ -63,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    from slurm_ft.launch import free_port
     from slurm_ft.train.store import StoreKeeper
 
     keeper = StoreKeeper(sys.executable, "127.0.0.1")
@@ -80,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 times: dict[str, list[float]] = {"rank 0": [], "launcher": []}
                 for _ in range(args.trials):  # interleaved: the host's noise hits both alike
                     times["rank 0"].append(one(world, late, {"MASTER_ADDR": "127.0.0.1",
-                                                              "MASTER_PORT": str(_free_port())}))
+                                                              "MASTER_PORT": str(free_port())}))
                     addr, port = keeper.open()
                     times["launcher"].append(one(world, late, {"MASTER_ADDR": addr, "MASTER_PORT": str(port),
                                                                 "TORCHELASTIC_USE_AGENT_STORE": "True"}))

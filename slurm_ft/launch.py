@@ -16,6 +16,9 @@ hang, and the attempt is killed. After a failed attempt:
   Slurm requeues it, with the node's state as evidence for the monitor), then exit ``EX_TEMPFAIL`` (75) with
   ``slurm-ft: tempfail bad_nodes=...`` in the job's Comment: the monitor requeues the job without those nodes.
 
+Restarts start their ranks from warm standbys (``slurm_ft.train.standby``) and rendezvous at a store the launcher's
+node holds open (``slurm_ft.train.store``), not at one rank 0 must start first.
+
 Every rank runs under a tiny wrapper (``slurm_ft.launch_rank``) that records how and when it ended; before killing
 a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch_hang``).
 Every failed or hung attempt gets a ``verdict`` event naming the culprit rank and node (``slurm_ft.launch_verdict``)

@@ -206,6 +206,12 @@ def master_addr(node: str, environ: Mapping[str, str]) -> str:
 
 
 # --- pure pieces ----------------------------------------------------------------------------------------------
+def command_python(command: Sequence[str]) -> str | None:
+    """The command's interpreter when it is a Python one (``python3 train.py``), else None: the interpreter the
+    standbys and the store keeper run, so they import the same torch as the ranks."""
+    return command[0] if Path(command[0]).name.startswith("python") else None
+
+
 def choose_nodes(allocation: Sequence[str], *, wanted: int, bad: set[str]) -> list[str] | None:
     """The first ``wanted`` nodes of the allocation that are not bad, or None when too few are left."""
     good = [n for n in allocation if n not in bad]
@@ -566,9 +572,8 @@ class Launcher:
         ``python -m MODULE``) and standbys are on."""
         from slurm_ft.train.standby import script_of
 
-        python = self.config.command[0]
-        if self._standby_off or not (self.config.standby and self.config.rank_records
-                                     and Path(python).name.startswith("python")):
+        python = command_python(self.config.command)
+        if python is None or self._standby_off or not (self.config.standby and self.config.rank_records):
             return None
         return python if script_of(self.config.command, python) is not None else None
 
@@ -932,8 +937,7 @@ def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mappi
     if (not config.launcher_store or is_torchrun(config.command) or environ.get("MASTER_ADDR")
             or node not in allocation):
         return None
-    python = config.command[0] if Path(config.command[0]).name.startswith("python") else sys.executable
-    return StoreKeeper(python, master_addr(node, environ), environ=environ)
+    return StoreKeeper(command_python(config.command) or sys.executable, master_addr(node, environ), environ=environ)
 
 
 def _job_comment(client: Any, job_id: str) -> str:

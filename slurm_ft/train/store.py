@@ -2,8 +2,8 @@
 
 Without it, rank 0 starts torch's TCPStore server inside ``init_process_group`` and the other ranks connect to it.
 A rank that comes before rank 0's server listens is refused and retries with torch's backoff, so a rank 0 late by
-0.1 s costs every rank about 0.6 s more (4 gloo ranks on this host: 0.67 s with rank 0 hosting, 0.11 s with a
-store already listening; ``bench/reference/2026-12-05-launcher-store/``). Restarted ranks come up at different
+0.1 s costs every rank about 0.6 s more (4 gloo ranks on this host: 0.63 s added with rank 0 hosting, 0.006 s with
+a store already listening; ``bench/bench_rendezvous.py``, ``bench/reference/2026-12-05-launcher-store/``). Restarted ranks come up at different
 times (standbys, srun on each node), so a restart paid it nearly every time.
 
 The launcher starts ``python -m slurm_ft.train.store`` once, when the first attempt trains (it imports torch:

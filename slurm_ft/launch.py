@@ -19,7 +19,8 @@ hang, and the attempt is killed. After a failed attempt:
 Restarts start their ranks from warm standbys (``slurm_ft.train.standby``) and rendezvous at a store the launcher's
 node holds open (``slurm_ft.train.store``), not at one rank 0 must start first.
 
-Every rank runs under a tiny wrapper (``slurm_ft.launch_rank``) that records how and when it ended; before killing
+Every rank runs under a tiny wrapper (``slurm_ft.launch_rank``) that records how and when it ended, and on a bad
+end rings the launcher's fault bell (``slurm_ft.train.bell``), so the attempt ends then, not a poll later; before killing
 a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch_hang``).
 Every failed or hung attempt gets a ``verdict`` event naming the culprit rank and node (``slurm_ft.launch_verdict``)
 and a short root cause paragraph in the job's output.
@@ -58,6 +59,7 @@ from slurm_ft.launch_text import describe
 from slurm_ft.slurm.types import NodeInfo
 from slurm_ft.train.records import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
                                     read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
+from slurm_ft.train import bell as fault_bell
 from slurm_ft.train.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
 
 log = logging.getLogger("slurm_ft.launch")
@@ -82,10 +84,11 @@ class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
     ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: the job's
     restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``,
-    ``poll_s``, ``kill_grace_s``, ``evidence_wait_s`` (a rank wrote its error file or ended badly: how long the
-    launcher then waits for the rest of the evidence before it ends the step; the culprit's own record comes
-    first, later ones are the ranks it took down, and the ranks still running wait in a collective they cannot
-    leave), ``error_grace_s`` (how long srun may then take to exit after its SIGTERM before SIGKILL),
+    ``poll_s`` (a rank's bad end rings the launcher awake sooner: ``slurm_ft.train.bell``), ``kill_grace_s``,
+    ``evidence_wait_s`` (a rank wrote its error file or ended badly: how long the launcher then waits at most for
+    the rest of the evidence before it ends the step; it goes on at once when every rank with an error file has
+    its end record too. The culprit's own record comes first, later ones are the ranks it took down, and the ranks
+    still running wait in a collective they cannot leave), ``error_grace_s`` (how long srun may then take to exit after its SIGTERM before SIGKILL),
     ``probe_timeout_s`` (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
     (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``), ``standby`` (warm standby ranks
     for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby), ``launcher_store`` (restarts
@@ -160,6 +163,16 @@ class StoreHost(Protocol):
     def close(self) -> None: ...
 
 
+class Waker(Protocol):
+    """The launcher's fault bell (``slurm_ft.train.bell.Bell``): a rank's wrapper rings it when the rank ends badly."""
+
+    address: str
+
+    def wait(self, seconds: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class _Popen:
     """srun in its own process group, so terminate/kill reach it and nothing else."""
 
@@ -196,9 +209,12 @@ def free_port() -> int:
 
 
 def master_addr(node: str, environ: Mapping[str, str]) -> str:
-    """``$MASTER_ADDR`` if set, else ``node``'s address; 127.0.0.1 when it does not resolve (the lab's nodes)."""
-    if environ.get("MASTER_ADDR"):
-        return environ["MASTER_ADDR"]
+    """``$MASTER_ADDR`` if set, else ``node``'s address."""
+    return environ.get("MASTER_ADDR") or node_addr(node)
+
+
+def node_addr(node: str) -> str:
+    """``node``'s IPv4 address; 127.0.0.1 when it does not resolve (the lab's nodes)."""
     try:
         return socket.gethostbyname(node)
     except OSError:
@@ -332,7 +348,7 @@ class Launcher:
                  restart_cause: str | None = None, latch: Any = None, preempt: Any = None,
                  requeue: Callable[[], None] | None = None, comment: str = "",
                  gather_hang: Callable[[Sequence[str], Path], str] | None = None,
-                 store: StoreHost | None = None) -> None:
+                 store: StoreHost | None = None, bell: Waker | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -345,6 +361,7 @@ class Launcher:
                           if set_comment is not None else None)
         self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch_hang); "" or why not
         self.store = store  # holds each restart's rendezvous store open before the ranks start (else rank 0 does)
+        self.bell = bell  # wakes the attempt's poll loop when a rank ends badly (else it sees it a poll later)
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         from slurm_ft.launch_preempt import PreemptConfig
 
@@ -371,6 +388,8 @@ class Launcher:
             self._stop_standby()
             if self.store is not None:
                 self.store.close()
+            if self.bell is not None:
+                self.bell.close()
             self._flush_comment()
 
     def _run(self) -> int:
@@ -557,14 +576,15 @@ class Launcher:
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
                                      hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged,
                                      warm=ft_env.STANDBY in env)
-            failed_since = failed_since or (now if self._rank_failed() else None)
-            if failed_since is not None and now - failed_since >= cfg.evidence_wait_s:
+            complete = self._failure_evidence()
+            failed_since = failed_since or (now if complete is not None else None)
+            if failed_since is not None and (complete or now - failed_since >= cfg.evidence_wait_s):
                 # srun waits for every task; one on a dead node never reports back. The culprit's record came
                 # first; the ranks it takes down keep failing one by one (3.5 s for 8 ranks on this lab's 2
                 # cores), and their records would not change the verdict. Nothing is left to save either.
                 self._kill(proc, grace_s=min(cfg.kill_grace_s, cfg.error_grace_s))
                 return AttemptResult(outcome=Outcome.FAILED, exit_code=1, time=failed_since)
-            self.sleep(cfg.poll_s)
+            self._wait(cfg.poll_s)
 
     # --- warm standby ranks (slurm_ft.train.standby) --------------------------------------------------------------
     def _standby_python(self) -> str | None:
@@ -634,10 +654,22 @@ class Launcher:
 
         return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
-    def _rank_failed(self) -> bool:
-        """Whether a rank of this attempt left an error file or a bad end record (earlier attempts' are archived)."""
-        return (any(p.is_file() for p in self.config.run_dir.glob(ERROR_GLOB))
-                or any(end.failed for end in read_ends(self.config.run_dir)))
+    def _failure_evidence(self) -> bool | None:
+        """None while no rank of this attempt left an error file or a bad end record (earlier attempts' are
+        archived); else whether the evidence is complete: every rank with an error file has its end record too
+        (the wrapper writes it last, once the rank's process is gone)."""
+        errors = {record.rank for record in read_errors(self.config.run_dir)}
+        ends = read_ends(self.config.run_dir)
+        if not errors and not any(end.failed for end in ends):
+            return None
+        return bool(ends) and errors <= {end.rank for end in ends}
+
+    def _wait(self, seconds: float) -> None:
+        """Until the next poll, or until a rank's wrapper rings the bell (a rank ended badly)."""
+        if self.bell is None:
+            self.sleep(seconds)
+        else:
+            self.bell.wait(seconds)
 
     def _wrapped(self, command: Sequence[str]) -> list[str]:
         """The command under the per-rank wrapper that records how each rank ended."""
@@ -674,7 +706,7 @@ class Launcher:
         proc.terminate()
         deadline = self.clock() + (self.config.kill_grace_s if grace_s is None else grace_s)
         while proc.poll() is None and self.clock() < deadline:
-            self.sleep(min(self.config.poll_s, 0.2))
+            self.sleep(min(self.config.poll_s, 0.05))
         if proc.poll() is None:
             proc.kill()
 
@@ -692,6 +724,10 @@ class Launcher:
             env.pop(RESTART_COUNT_ENV, None)
         env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
         env["SLURM_FT_ATTEMPT"] = str(self.attempts)
+        if self.bell is not None and self.config.rank_records:  # the wrappers ring it
+            env[fault_bell.ENV] = self.bell.address
+        else:
+            env.pop(fault_bell.ENV, None)
         if self.resume_step is not None and self.attempts == 1:
             env[ft_env.PREFIX + ft_env.RESUME_STEP] = str(self.resume_step)
         else:  # later attempts resume from the newest committed checkpoint
@@ -922,8 +958,18 @@ def _main(args: argparse.Namespace) -> int:
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
                         latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
-                        store=store_keeper(config, allocation, environ))
+                        store=store_keeper(config, allocation, environ), bell=bell_for(environ))
     return launcher.run()
+
+
+def bell_for(environ: Mapping[str, str]) -> Waker | None:
+    """The fault bell (``slurm_ft.train.bell``) at this node's address, or None where no socket can be had."""
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        return fault_bell.Bell(node_addr(node))
+    except OSError as exc:
+        log.info("no fault bell (failures seen at the next poll): %s", exc)
+        return None
 
 
 def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str]) -> StoreHost | None:

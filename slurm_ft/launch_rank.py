@@ -3,7 +3,8 @@
 It runs CMD as its child and, the moment the child ends, records how in ``<run_dir>/end.rank<R>.json``
 (``slurm_ft.train.records.RankEnd``): exit code or signal, time, node, pid, the OOM killer's kills in the rank's
 cgroup while it ran, and the tail of its stderr (which it passes through unchanged). This is the evidence for a
-death no Python code sees (SIGKILL, SIGSEGV): the launcher's verdict names the rank that ended first.
+death no Python code sees (SIGKILL, SIGSEGV): the launcher's verdict names the rank that ended first. A bad end
+then rings the launcher's bell (``slurm_ft.train.bell``): the launcher reads the record at once, not a poll later.
 
 Exit semantics are unchanged: it exits with the child's code, or dies of the child's signal (without a core dump
 of its own), so srun, ``--kill-on-bad-exit`` and the job's exit code see what they would have seen without it.
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft import env as ft_env
-from slurm_ft.train import records, standby
+from slurm_ft.train import bell, records, standby
 
 TAIL_BYTES = 8192
 OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -184,6 +185,8 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
             records.write_end(run_dir, record)
         except OSError as exc:
             print(f"slurm-ft: rank {rank_text}: cannot record how it ended in {run_dir}: {exc}", file=sys.stderr)
+        if code != 0:
+            bell.ring(environ, int(rank_text))  # the launcher reads the record now, not at its next poll
     return end_like(code)
 
 

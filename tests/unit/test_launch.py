@@ -190,6 +190,72 @@ def test_ranks_that_keep_failing_do_not_hold_the_step_open(tmp_path):
     assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.5)
 
 
+class FailsAt(Script):
+    """Rank 0 fails at clock time ``at``: its error file, then its wrapper's end record (``ended``); srun never
+    returns (a rank on a dead node, or ranks waiting in a collective)."""
+
+    def __init__(self, run_dir, clock, *, at: float, ended: bool = True) -> None:
+        super().__init__(run_dir, hang_after=10**6)
+        self.clock, self.at, self.ended = clock, at, ended
+
+    def poll(self):
+        code = super().poll()
+        if self.clock.now >= self.at and not self.killed:
+            write_error(self.run_dir, ErrorRecord(rank=0, time=self.at, exc_type="RuntimeError", message="boom"))
+            if self.ended:
+                write_end(self.run_dir, RankEnd(rank=0, time=self.at, exit_code=1))
+        return code
+
+
+def test_the_step_ends_at_once_when_the_failed_ranks_records_are_complete(tmp_path):
+    run = tmp_path / "run"
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    launcher.runner.scripts = [FailsAt(run, clock, at=1002.0), Script(run)]
+    assert launcher.run() == 0
+    # the error file and its end record came at t=1002: no evidence wait, only the kill's grace (3 s)
+    assert second_start(tmp_path) == pytest.approx(1002.0 + 3.0, abs=0.2)
+
+
+def test_an_error_file_without_its_end_record_is_waited_for(tmp_path):
+    run = tmp_path / "run"
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    launcher.runner.scripts = [FailsAt(run, clock, at=1002.0, ended=False), Script(run)]
+    assert launcher.run() == 0
+    # the rank is still ending (its wrapper has not written how): the full evidence wait, then the kill
+    assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.2)
+
+
+class Bell:
+    """A fake fault bell on the fake clock: rung at ``at`` (the failed rank's wrapper)."""
+
+    address = "10.0.0.1:4242"
+
+    def __init__(self, clock, at: float) -> None:
+        self.clock, self.at, self.closed = clock, at, False
+
+    def wait(self, seconds: float) -> bool:
+        if self.clock.now < self.at <= self.clock.now + seconds:
+            self.clock.now = self.at
+            return True
+        self.clock.sleep(seconds)
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_bell_wakes_the_launcher_when_a_rank_ends_badly(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    launcher.bell = bell = Bell(clock, at=1002.4)
+    launcher.runner.scripts = [FailsAt(run, clock, at=1002.4), Script(run)]
+    assert launcher.run() == 0
+    fault = next(e for e in events(tmp_path) if e["event"] == "fault_detected")
+    assert fault["time"] == pytest.approx(1002.4)  # at the ring, not at the next poll (1003)
+    assert runner.calls[0][1]["SLURM_FT_BELL"] == "10.0.0.1:4242"  # where the wrappers ring
+    assert bell.closed
+
+
 def test_evidence_wait_must_not_be_negative():
     with pytest.raises(ValueError, match="evidence_wait_s"):
         LaunchConfig(command=("python", "train.py"), evidence_wait_s=-1.0)
@@ -448,6 +514,7 @@ def test_without_rank_records_the_command_runs_bare(tmp_path):
     argv = runner.calls[0][0]
     assert argv[-2:] == ["python", "train.py"] and "slurm_ft.launch_rank" not in argv
     assert "--kill-on-bad-exit=1" in argv  # no end records to see a rank fail by: srun's kill is the quick one
+    assert "SLURM_FT_BELL" not in runner.calls[0][1]  # no wrapper to ring it
 
 
 class KilledRank(Script):

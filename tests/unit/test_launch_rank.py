@@ -101,3 +101,18 @@ def test_the_child_inherits_the_tasks_descriptors(tmp_path):
     os.close(write_fd)
     assert done.returncode == 0 and os.read(read_fd, 100) == b"through"
     os.close(read_fd)
+
+
+def test_a_bad_end_rings_the_launchers_bell_and_a_clean_one_does_not(tmp_path):
+    from slurm_ft.train.bell import ENV, Bell
+
+    bell = Bell("127.0.0.1")
+    try:
+        env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "5", ENV: bell.address}
+        env.pop("RANK", None)
+        for code, rings in (("import sys; sys.exit(0)", False), ("import sys; sys.exit(2)", True)):
+            subprocess.run([sys.executable, "-m", "slurm_ft.launch_rank", "--", sys.executable, "-c", code],
+                           env=env, capture_output=True, timeout=60, check=False)
+            assert bell.wait(0.5) is rings, code
+    finally:
+        bell.close()

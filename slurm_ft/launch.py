@@ -20,8 +20,8 @@ Restarts start their ranks from warm standbys (``slurm_ft.train.standby``) and r
 node holds open (``slurm_ft.train.store``), not at one rank 0 must start first.
 
 Every rank runs under a tiny wrapper (``slurm_ft.launch_rank``) that records how and when it ended, and on a bad
-end rings the launcher's fault bell (``slurm_ft.train.bell``), so the attempt ends then, not a poll later; before killing
-a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch_hang``).
+end rings the launcher's fault bell (``slurm_ft.train.bell``), so the attempt ends then, not a poll later; before
+killing a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch_hang``).
 Every failed or hung attempt gets a ``verdict`` event naming the culprit rank and node (``slurm_ft.launch_verdict``)
 and a short root cause paragraph in the job's output.
 
@@ -57,9 +57,9 @@ from slurm_ft.errors import SlurmFtError
 from slurm_ft.launch_env import wire
 from slurm_ft.launch_text import describe
 from slurm_ft.slurm.types import NodeInfo
+from slurm_ft.train import bell as fault_bell
 from slurm_ft.train.records import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
                                     read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
-from slurm_ft.train import bell as fault_bell
 from slurm_ft.train.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
 
 log = logging.getLogger("slurm_ft.launch")
@@ -88,7 +88,8 @@ class LaunchConfig:
     ``evidence_wait_s`` (a rank wrote its error file or ended badly: how long the launcher then waits at most for
     the rest of the evidence before it ends the step; it goes on at once when every rank with an error file has
     its end record too. The culprit's own record comes first, later ones are the ranks it took down, and the ranks
-    still running wait in a collective they cannot leave), ``error_grace_s`` (how long srun may then take to exit after its SIGTERM before SIGKILL),
+    still running wait in a collective they cannot leave), ``error_grace_s`` (how long srun may then take to exit
+    after its SIGTERM before SIGKILL),
     ``probe_timeout_s`` (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
     (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``), ``standby`` (warm standby ranks
     for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby), ``launcher_store`` (restarts

@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +30,8 @@ log = logging.getLogger("slurm_ft.train.storage")
 TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": SIGKILL self there
 TEST_FAIL_AT = "SLURM_FT_TEST_FAIL_AT"    # TEST-ONLY: "<point>" or "<point>@<step>": raise OSError(EIO) there
 # In protocol order. mid_shard: a shard half written; before_metadata: shards on disk, DCP .metadata not yet.
+# After a failed write, how long the save waits for DCP's other writer threads to close their files.
+SETTLE_S = 120.0
 CRASH_POINTS = ("after_local_state", "mid_shard", "before_metadata", "after_shards", "before_manifest",
                 "after_manifest", "after_rename", "after_marker", "after_fsync")
 
@@ -118,6 +121,8 @@ class HashingFileSystem(FileSystem):
         self.digests: dict[str, layout.FileEntry] = {}
         self.unhashed: set[str] = set()
         self.failures: list[str] = []  # writes that raised, in whichever DCP writer thread they ran
+        self._open_streams = 0
+        self._streams_changed = threading.Condition()
 
     def _name(self, path: Any) -> str:
         return Path(path).relative_to(self.root).as_posix()
@@ -130,6 +135,7 @@ class HashingFileSystem(FileSystem):
             return
         name = self._name(path)
         hook = (lambda: crash_point("mid_shard", self.step)) if name.endswith(".distcp") else None
+        self._stream_opens(name)
         try:
             with super().create_stream(path, mode) as raw, _without_zip_crc():
                 stream = _HashingStream(raw, hook)
@@ -137,10 +143,32 @@ class HashingFileSystem(FileSystem):
         except Exception as exc:
             self.failures.append(f"{name}: {exc}")
             raise
+        finally:
+            self._stream_closed()
         if stream.seeked:
             self.unhashed.add(name)
         else:
             self.digests[name] = layout.FileEntry(size=stream.size, digest=stream.digest.hexdigest())
+
+    def _stream_opens(self, name: str) -> None:
+        with self._streams_changed:
+            if self.failures:
+                raise OSError(errno.ECANCELED, f"{name} not written: this save already failed ({self.failures[0]})")
+            self._open_streams += 1
+
+    def _stream_closed(self) -> None:
+        with self._streams_changed:
+            self._open_streams -= 1
+            self._streams_changed.notify_all()
+
+    def settle(self, timeout: float = SETTLE_S) -> bool:
+        """Wait until no file is open for writing; False if one still is after ``timeout`` seconds.
+
+        DCP's calling writer thread raises on its first failed file without joining the others, which would go
+        on writing into the step's temporary folder while the failed save is cleaned up (and hold the
+        filesystem busy). Once a write failed, no new file opens, so this waits for the files already open."""
+        with self._streams_changed:
+            return self._streams_changed.wait_for(lambda: self._open_streams == 0, timeout)
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
@@ -170,8 +198,15 @@ class HashingWriter(dcp.FileSystemWriter):
     def write_data(self, plan: Any, planner: Any) -> Any:
         """DCP's write, failing when any item went unwritten. DCP's extra writer threads (``thread_count`` > 1)
         die on an error without reporting it: their items are then missing from the results, and the save
-        would commit a checkpoint whose metadata lacks them (it loads with a KeyError)."""
-        future = super().write_data(plan, planner)
+        would commit a checkpoint whose metadata lacks them (it loads with a KeyError). When the calling thread's
+        own write fails, the other threads' open files are closed before the error goes on (``settle``)."""
+        try:
+            future = super().write_data(plan, planner)
+        except BaseException:
+            if not self.fs.settle():
+                log.warning("step %s: a DCP writer thread still has a file open %.0f s after the save failed",
+                            self.fs.step, SETTLE_S)
+            raise
         written = {result.index for result in future.value()}
         unwritten = [item.index.fqn for item in plan.items if item.index not in written]
         if self.fs.failures or unwritten:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import signal
 import subprocess
 import threading
+import time
 import uuid
 
 import pytest
@@ -150,10 +152,67 @@ def test_a_write_error_in_a_dcp_helper_thread_fails_the_save_instead_of_committi
     storage.failing = True
     with caplog.at_level(logging.ERROR, logger="slurm_ft.train.checkpoint"):
         result = mgr.save(4)
-    assert not result.ok and "items not written" in result.error and "Input/output error" in result.error
+    # the helper's error, whether the calling thread finished first ("items not written") or had yet to open a file
+    assert not result.ok and "not written" in result.error and "Input/output error" in result.error
     assert "step 4 FAILED" in caplog.text
     assert layout.committed_steps(tmp_path) == [2] and not list(tmp_path.glob(".tmp-*"))
     assert _setup(tmp_path)[0].resume() == 2
+
+
+class _CallerFailsWhileHelperWrites(HashingFileSystem):
+    """The calling thread's shard fails (ENOSPC) while DCP's helper thread is still writing its own shard."""
+
+    def __init__(self, root, step):
+        super().__init__(root, step)
+        self.helper_writing, self.helper_done = threading.Event(), threading.Event()
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        shard = "w" in mode and str(path).endswith(".distcp")
+        with super().create_stream(path, mode) as stream:
+            if shard and threading.current_thread() is threading.main_thread():
+                self.helper_writing.wait(5)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            if shard:
+                self.helper_writing.set()
+                time.sleep(0.3)
+            yield stream
+            if shard:
+                self.helper_done.set()
+
+
+class CallerENOSPC(FileStorage):
+    def __init__(self):
+        super().__init__(write_threads=2)
+        self.fs = None
+
+    def writer(self, path, *, step=-1):
+        writer = super().writer(path, step=step)
+        writer.fs = self.fs = _CallerFailsWhileHelperWrites(path, step)
+        return writer
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
+def test_a_failed_save_waits_for_dcp_helper_threads_to_close_their_files(tmp_path):
+    """DCP's calling thread raises without joining its helpers: the save must not end (and its temporary folder
+    be removed) while a helper still writes there; on a full tmpfs the open file kept the mount busy."""
+    storage = CallerENOSPC()
+    mgr, model, opt, sched, pos = _setup(tmp_path, storage=storage)
+    _train(model, opt, sched, pos, 2)
+    result = mgr.save(2)
+    assert not result.ok and "No space left" in result.error
+    assert storage.fs.helper_writing.is_set() and storage.fs.helper_done.is_set()
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_no_file_opens_for_writing_once_the_save_failed(tmp_path):
+    fs = HashingFileSystem(tmp_path, 3)
+    fs.failures.append("__0_0.distcp: No space left on device")
+    already = r"__1_0.distcp not written: this save already failed \(__0_0.distcp: No space left on device\)"
+    with pytest.raises(OSError, match=already):
+        with fs.create_stream(tmp_path / "__1_0.distcp", "wb"):
+            pass
+    assert not (tmp_path / "__1_0.distcp").exists() and fs.settle(timeout=0)
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
@@ -164,6 +223,8 @@ def test_a_checkpoint_whose_dcp_metadata_lacks_items_is_skipped_on_resume(tmp_pa
     _train(model, opt, sched, pos, 2)
     mgr.save(2)
     monkeypatch.setattr(HashingWriter, "write_data", dcp.FileSystemWriter.write_data)
+    for unchecked in ("_stream_opens", "_stream_closed"):  # files open after a failure, as in DCP's own writer
+        monkeypatch.setattr(HashingFileSystem, unchecked, lambda *args: None)
     storage.failing = True
     _train(model, opt, sched, pos, 4)
     assert mgr.save(4).ok and layout.committed_steps(tmp_path) == [2, 4]  # the broken checkpoint is committed

@@ -15,7 +15,7 @@ from __future__ import annotations
 import select
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 ENV = "SLURM_FT_BELL"  # set by the launcher: where the rank wrappers ring (addr:port)
 MIN_GAP_S = 0.05  # the shortest time between two wake-ups, however many rings come
@@ -26,7 +26,7 @@ class Bell:
     """The launcher's side: a UDP socket on every interface of its node; ``wait`` sleeps until a ring or the
     timeout."""
 
-    def __init__(self, addr: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, addr: str) -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             self._sock.bind(("", 0))
@@ -35,20 +35,19 @@ class Bell:
             self._sock.close()
             raise
         self.address = f"{addr}:{self._sock.getsockname()[1]}"
-        self._clock = clock
         self._woken = float("-inf")
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True when a ring ended the sleep early."""
-        start = self._clock()
+        start = time.monotonic()
         readable, _, _ = select.select([self._sock], [], [], max(0.0, seconds))
         if not readable:
             return False
         self._drain()
-        pause = self._woken + MIN_GAP_S - self._clock()
+        pause = self._woken + MIN_GAP_S - time.monotonic()
         if pause > 0:  # rung again right after the last wake-up: a flood wakes us at most once per MIN_GAP_S
-            time.sleep(min(pause, max(0.0, start + seconds - self._clock())))
-        self._woken = self._clock()
+            time.sleep(min(pause, max(0.0, start + seconds - time.monotonic())))
+        self._woken = time.monotonic()
         return True
 
     def _drain(self) -> None:

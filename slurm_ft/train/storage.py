@@ -10,12 +10,13 @@ every rank cleanly).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,24 +61,72 @@ class Storage(Protocol):
     def write_file(self, path: Path, data: bytes) -> None: ...
 
 
-class _HashingStream:
-    """Write-only file wrapper that hashes what passes through (a seek makes the digest unusable)."""
+# A file's disk write is started every WRITEBACK_BYTES written (and hashed), so it overlaps the hashing and copying
+# of what follows instead of all waiting for the closing fsync.
+WRITEBACK_BYTES = 8 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writing the range's dirty pages, do not wait
 
-    def __init__(self, raw: Any, on_first_write: Any = None) -> None:
+
+def _start_writeback_function() -> Callable[[int], None] | None:
+    """Linux's ``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)``: start writing a file's dirty pages to disk
+    without waiting for them (ctypes releases the GIL); None where libc has no such call."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+
+    def start_writeback(fd: int) -> None:
+        if call(fd, 0, 0, _SYNC_FILE_RANGE_WRITE) != 0:
+            raise OSError(ctypes.get_errno(), "sync_file_range")
+    return start_writeback
+
+
+START_WRITEBACK = _start_writeback_function()
+
+
+class _HashingStream:
+    """Write-only file wrapper that hashes what passes through (a seek makes the digest unusable), in pieces of
+    ``WRITEBACK_BYTES``, starting the disk write of each piece as it goes (``start_writeback``; best effort: a
+    filesystem that refuses it is left to the closing fsync)."""
+
+    def __init__(self, raw: Any, on_first_write: Any = None,
+                 start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
         self.raw, self.size, self.digest = raw, 0, layout.new_digest()
         self.seeked = False
         self._on_first_write = on_first_write
+        self._start_writeback = start_writeback
+        self._unstarted = 0  # bytes written since the last start_writeback
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        self.digest.update(view)
-        written = self.raw.write(view)
+        written = 0
+        for start in range(0, len(view), WRITEBACK_BYTES):
+            piece = view[start:start + WRITEBACK_BYTES]
+            self.digest.update(piece)
+            written += self.raw.write(piece)
+            self._unstarted += len(piece)
+            if self._unstarted >= WRITEBACK_BYTES:
+                self._writeback()
         self.size += written
         if self._on_first_write is not None:
             hook, self._on_first_write = self._on_first_write, None
             self.raw.flush()
             hook()
         return written
+
+    def _writeback(self) -> None:
+        self._unstarted = 0
+        if self._start_writeback is None:
+            return
+        try:
+            self.raw.flush()
+            self._start_writeback(self.raw.fileno())
+        except OSError as exc:  # e.g. EINVAL/ESPIPE where the filesystem has no such thing: fsync does it all
+            if exc.errno not in (errno.EINVAL, errno.ESPIPE, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            self._start_writeback = None
 
     def seek(self, *args: Any) -> int:
         self.seeked = True

@@ -20,6 +20,7 @@ from slurm_ft.config import require
 SCHEMA = "slurm-ft/bench-checkpoint-peers/1"
 MEMCPY, DISK = "memcpy (limit)", "raw disk fsync (limit)"
 OURS_ASYNC, OURS_SYNC = "ours async", "ours sync"
+OURS_NO_WRITEBACK = "ours async, no early writeback"  # each file waits for its closing fsync
 CHUNK_MB = 16
 # Targets of issue 15 (part 1).
 PERSIST_TARGET = 0.8     # ours: persist bandwidth / raw fsync'd disk bandwidth

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from slurm_ft.bench.ckpt_peers import CHUNK_MB, DISK, MEMCPY, OURS_ASYNC, OURS_SYNC, SystemInfo
+from slurm_ft.bench.ckpt_peers import CHUNK_MB, DISK, MEMCPY, OURS_ASYNC, OURS_NO_WRITEBACK, OURS_SYNC, SystemInfo
 
 DIGESTS = "crc32 per file (manifest)"
 NONE = "no (DCP loads unchecked)"
@@ -112,19 +112,25 @@ def _write_fsync(path: Path, views: list[memoryview]) -> None:
 
 
 class Ours(System):
-    """slurm_ft's CheckpointManager: digests while writing, manifest, atomic publish; its own stall/total."""
+    """slurm_ft's CheckpointManager: digests while writing, manifest, atomic publish; its own stall/total.
+    ``early_writeback`` False: each file's disk write waits for its closing fsync (to show what starting it early
+    gains, side by side)."""
 
-    def __init__(self, *args: Any, async_save: bool) -> None:
+    def __init__(self, *args: Any, async_save: bool, early_writeback: bool = True) -> None:
         super().__init__(*args)
-        self.async_save = async_save
-        self.info = SystemInfo(OURS_ASYNC if async_save else OURS_SYNC, "ours", async_save, DIGESTS)
+        self.async_save, self.early_writeback = async_save, early_writeback
+        name = (OURS_ASYNC if async_save else OURS_SYNC) if early_writeback else OURS_NO_WRITEBACK
+        self.info = SystemInfo(name, "ours", async_save, DIGESTS)
 
     def setup(self) -> None:
         from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+        from slurm_ft.train.storage import START_WRITEBACK, FileStorage
 
         config = CheckpointConfig(dir=str(self.root), every=1, keep_last=1, async_save=self.async_save,
                                   write_threads=self.threads)
-        self.mgr = CheckpointManager(config, model=self.model)
+        storage = FileStorage(write_threads=self.threads,
+                              start_writeback=START_WRITEBACK if self.early_writeback else None)
+        self.mgr = CheckpointManager(config, model=self.model, storage=storage)
 
     def save(self, step: int) -> tuple[float, float | None]:
         result = self.mgr.save(step)
@@ -219,7 +225,8 @@ def _peers() -> list[tuple[str, str, Callable[[], Any] | None]]:
 
 
 def system_names() -> list[str]:
-    return [MEMCPY, DISK, OURS_ASYNC, OURS_SYNC, DcpSync.info.name] + [name for name, _, _ in _peers()]
+    ours = [OURS_ASYNC, OURS_NO_WRITEBACK, OURS_SYNC]
+    return [MEMCPY, DISK, *ours, DcpSync.info.name] + [name for name, _, _ in _peers()]
 
 
 def build(name: str, model: nn.Module, root: Path, threads: int, group: Any, rank: int) -> System:
@@ -229,8 +236,8 @@ def build(name: str, model: nn.Module, root: Path, threads: int, group: Any, ran
     simple = {MEMCPY: Memcpy, DISK: RawDisk, DcpSync.info.name: DcpSync}
     if name in simple:
         return simple[name](*args)
-    if name in (OURS_ASYNC, OURS_SYNC):
-        return Ours(*args, async_save=name == OURS_ASYNC)
+    if name in (OURS_ASYNC, OURS_SYNC, OURS_NO_WRITEBACK):
+        return Ours(*args, async_save=name != OURS_SYNC, early_writeback=name != OURS_NO_WRITEBACK)
     for peer, mode, stager in _peers():
         if peer == name:
             return DcpAsync(*args, name=name, mode=mode, make_stager=stager)

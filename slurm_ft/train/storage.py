@@ -164,9 +164,10 @@ def _without_zip_crc() -> contextlib.AbstractContextManager[None]:
 class HashingFileSystem(FileSystem):
     """DCP FileSystem that records ``{name: FileEntry}`` of each file it writes under ``root``."""
 
-    def __init__(self, root: Path, step: int) -> None:
+    def __init__(self, root: Path, step: int, start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
         super().__init__()
         self.root, self.step = Path(root), step
+        self.start_writeback = start_writeback
         self.digests: dict[str, layout.FileEntry] = {}
         self.unhashed: set[str] = set()
         self.failures: list[str] = []  # writes that raised, in whichever DCP writer thread they ran
@@ -187,7 +188,7 @@ class HashingFileSystem(FileSystem):
         self._stream_opens(name)
         try:
             with super().create_stream(path, mode) as raw, _without_zip_crc():
-                stream = _HashingStream(raw, hook)
+                stream = _HashingStream(raw, hook, self.start_writeback)
                 yield stream
         except Exception as exc:
             self.failures.append(f"{name}: {exc}")
@@ -232,9 +233,10 @@ class HashingFileSystem(FileSystem):
 class HashingWriter(dcp.FileSystemWriter):
     """FileSystemWriter with fsync'd files whose ``digests`` list every file this rank wrote."""
 
-    def __init__(self, path: Path, *, step: int, thread_count: int = 1) -> None:
+    def __init__(self, path: Path, *, step: int, thread_count: int = 1,
+                 start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
         super().__init__(path, sync_files=True, thread_count=thread_count, overwrite=True)
-        self.fs = HashingFileSystem(Path(path), step)
+        self.fs = HashingFileSystem(Path(path), step, start_writeback)
 
     @property
     def digests(self) -> dict[str, layout.FileEntry]:
@@ -269,15 +271,18 @@ class HashingWriter(dcp.FileSystemWriter):
 
 
 class FileStorage:
-    """DCP's filesystem writer/reader with fsync'd, hashed files; ``write_threads`` DCP writer threads."""
+    """DCP's filesystem writer/reader with fsync'd, hashed files; ``write_threads`` DCP writer threads;
+    ``start_writeback`` None: every file waits for its closing fsync (the benchmark's side-by-side baseline)."""
 
-    def __init__(self, *, write_threads: int = 1) -> None:
+    def __init__(self, *, write_threads: int = 1,
+                 start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
         if write_threads < 1:
             raise ValueError(f"write_threads must be >= 1, got {write_threads}")
         self.write_threads = write_threads
+        self.start_writeback = start_writeback
 
     def writer(self, path: Path, *, step: int = -1) -> dcp.StorageWriter:
-        return HashingWriter(path, step=step, thread_count=self.write_threads)
+        return HashingWriter(path, step=step, thread_count=self.write_threads, start_writeback=self.start_writeback)
 
     def reader(self, path: Path) -> dcp.StorageReader:
         return dcp.FileSystemReader(path)

@@ -115,3 +115,17 @@ def test_memory_pass_counts_the_staging_buffers(tmp_path):
 def test_host_facts_for_a_dir_not_made_yet(tmp_path):
     host = cb._host(cb.cp.BenchConfig(dir=str(tmp_path / "a" / "b")))
     assert host["disk_free_gb"] > 0 and host["torch"] == torch.__version__
+
+
+def test_ours_without_early_writeback_is_ours_async_with_only_the_closing_fsync(tmp_path):
+    from slurm_ft.train.storage import START_WRITEBACK
+
+    for name, expected in ((cs.OURS_ASYNC, START_WRITEBACK), (cs.OURS_NO_WRITEBACK, None)):
+        system = cs.build(name, cs.make_model(16, 0), tmp_path, 1, None, 0)
+        system.setup()
+        try:
+            assert system.info.async_ and system.info.kind == "ours"
+            assert system.mgr.storage.start_writeback is expected
+            assert system.save(1)[1] is not None  # durable
+        finally:
+            system.close()

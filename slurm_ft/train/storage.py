@@ -1,7 +1,8 @@
 """The filesystem side of a checkpoint save, behind a small interface so faults can be injected.
 
 ``FileStorage`` wraps DCP's FileSystemWriter: files are fsync'd, and every file a rank writes is hashed while
-it is written (size and CRC-32 in ``writer.digests``), so the commit never reads the checkpoint back.
+it is written (size and CRC-32 in ``writer.digests``), so the commit never reads the checkpoint back; its disk
+write is started every ``WRITEBACK_BYTES`` so the closing fsync does not wait for the whole file.
 TEST-ONLY crash points (``$SLURM_FT_TEST_CRASH_AT``) SIGKILL the process at named points of the protocol;
 ``$SLURM_FT_TEST_FAIL_AT`` raises an I/O error there instead (a failed save; ``after_local_state`` fails it on
 every rank cleanly).
@@ -31,10 +32,9 @@ log = logging.getLogger("slurm_ft.train.storage")
 TEST_CRASH_AT = "SLURM_FT_TEST_CRASH_AT"  # TEST-ONLY: "<point>" or "<point>@<step>": SIGKILL self there
 TEST_FAIL_AT = "SLURM_FT_TEST_FAIL_AT"    # TEST-ONLY: "<point>" or "<point>@<step>": raise OSError(EIO) there
 # In protocol order. mid_shard: a shard half written; before_metadata: shards on disk, DCP .metadata not yet.
-# After a failed write, how long the save waits for DCP's other writer threads to close their files.
-SETTLE_S = 120.0
 CRASH_POINTS = ("after_local_state", "mid_shard", "before_metadata", "after_shards", "before_manifest",
                 "after_manifest", "after_rename", "after_marker", "after_fsync")
+SETTLE_S = 120.0  # after a failed write, the longest wait for DCP's other writer threads to close their files
 
 
 def crash_point(name: str, step: int | None = None) -> None:
@@ -65,9 +65,10 @@ class Storage(Protocol):
 # of what follows instead of all waiting for the closing fsync.
 WRITEBACK_BYTES = 8 << 20
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writing the range's dirty pages, do not wait
+Writeback = Callable[[int], None]  # start writing the dirty pages of the file open as this descriptor
 
 
-def _start_writeback_function() -> Callable[[int], None] | None:
+def _start_writeback_function() -> Writeback | None:
     """Linux's ``sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE)``: start writing a file's dirty pages to disk
     without waiting for them (ctypes releases the GIL); None where libc has no such call."""
     try:
@@ -92,7 +93,7 @@ class _HashingStream:
     filesystem that refuses it is left to the closing fsync)."""
 
     def __init__(self, raw: Any, on_first_write: Any = None,
-                 start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
+                 start_writeback: Writeback | None = START_WRITEBACK) -> None:
         self.raw, self.size, self.digest = raw, 0, layout.new_digest()
         self.seeked = False
         self._on_first_write = on_first_write
@@ -164,7 +165,7 @@ def _without_zip_crc() -> contextlib.AbstractContextManager[None]:
 class HashingFileSystem(FileSystem):
     """DCP FileSystem that records ``{name: FileEntry}`` of each file it writes under ``root``."""
 
-    def __init__(self, root: Path, step: int, start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
+    def __init__(self, root: Path, step: int, start_writeback: Writeback | None = START_WRITEBACK) -> None:
         super().__init__()
         self.root, self.step = Path(root), step
         self.start_writeback = start_writeback
@@ -234,7 +235,7 @@ class HashingWriter(dcp.FileSystemWriter):
     """FileSystemWriter with fsync'd files whose ``digests`` list every file this rank wrote."""
 
     def __init__(self, path: Path, *, step: int, thread_count: int = 1,
-                 start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
+                 start_writeback: Writeback | None = START_WRITEBACK) -> None:
         super().__init__(path, sync_files=True, thread_count=thread_count, overwrite=True)
         self.fs = HashingFileSystem(Path(path), step, start_writeback)
 
@@ -275,7 +276,7 @@ class FileStorage:
     ``start_writeback`` None: every file waits for its closing fsync (the benchmark's side-by-side baseline)."""
 
     def __init__(self, *, write_threads: int = 1,
-                 start_writeback: Callable[[int], None] | None = START_WRITEBACK) -> None:
+                 start_writeback: Writeback | None = START_WRITEBACK) -> None:
         if write_threads < 1:
             raise ValueError(f"write_threads must be >= 1, got {write_threads}")
         self.write_threads = write_threads

@@ -215,6 +215,25 @@ def test_no_file_opens_for_writing_once_the_save_failed(tmp_path):
     assert not (tmp_path / "__1_0.distcp").exists() and fs.settle(timeout=0)
 
 
+def test_settle_waits_only_while_a_file_is_open_for_writing(tmp_path):
+    fs = HashingFileSystem(tmp_path, 3)
+    opened, release = threading.Event(), threading.Event()
+
+    def helper_writes():
+        with fs.create_stream(tmp_path / "__0_0.distcp", "wb") as stream:
+            stream.write(b"shard")
+            opened.set()
+            release.wait(5)
+
+    helper = threading.Thread(target=helper_writes)
+    helper.start()
+    assert opened.wait(5)
+    assert fs.settle(timeout=0.05) is False  # a helper still writing: the failed save must not end yet
+    threading.Timer(0.1, release.set).start()
+    assert fs.settle(timeout=5) is True
+    helper.join()
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
 def test_a_checkpoint_whose_dcp_metadata_lacks_items_is_skipped_on_resume(tmp_path, monkeypatch, caplog):
     """What an unchecked writer (DCP's own) commits when a helper thread fails: resume falls back, no KeyError."""

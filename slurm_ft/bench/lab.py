@@ -50,7 +50,7 @@ FAULTS = ("kill-rank", "hang", "node-death")
 QUEUED = {JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.EXPEDITING}
 FINAL = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 SETTLE_S = 3.0  # a job must stay ended this long (the monitor may still requeue it) before it counts as done
-TARGETS = {"crash_recovery_speedup": 5.0, "hang_detection_slack_s": 5.0, "ettr": 0.95}
+TARGETS = {"crash_recovery_speedup": 5.0, "crash_recovery_growth": 2.0, "hang_detection_slack_s": 5.0, "ettr": 0.95}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -440,7 +440,8 @@ def fault_row(run: Run, fault: str, reference: str | None) -> dict[str, Any]:
                            >= spec.workload.steps and run.state is JobState.COMPLETED}
     injected = run.faults[0] if run.faults else None
     outcome = tl.fault_outcome(run.records, injected.time, injected.torn_down_at) if injected else None
-    for key in ("fault_step", "detection_s", "recovery_s", "resume_step", "steps_lost", "lost_work_s"):
+    for key in ("fault_step", "detection_s", "recovery_s", "resume_step", "steps_lost", "lost_work_s", "relaunch_s",
+                "resume_s", "restart_cpu_s"):
         row[key] = getattr(outcome, key) if outcome else None
     row["queue_wait_s"] = _queue_wait(run)
     sha = (run.result or {}).get("param_sha256")
@@ -570,6 +571,7 @@ def check_targets(payload: dict[str, Any], config: LabBenchConfig) -> list[dict[
             limit = config.knobs.hang_timeout_s + TARGETS["hang_detection_slack_s"]
             checks.append({"target": f"hang, {nodes} node(s): detected within {limit:g} s (timeout + 5 s)",
                            "value": round(hang["detection_s"], 2), "met": hang["detection_s"] <= limit})
+    checks += _growth_check(by, config.nodes)
     rows = {r["system"]: r for r in payload.get("ettr", [])}
     ours = rows.get(System.SLURM_FT.value)
     if ours and ours.get("ettr") is not None:
@@ -581,6 +583,17 @@ def check_targets(payload: dict[str, Any], config: LabBenchConfig) -> list[dict[
                                "value": f"{ours['lost_s']:.0f} s vs {other['lost_s']:.0f} s",
                                "met": ours["lost_s"] < other["lost_s"]})
     return checks
+
+
+def _growth_check(by: dict[tuple, dict[str, Any]], nodes: Sequence[int]) -> list[dict[str, Any]]:
+    """slurm-ft's rank-crash recovery at the largest job size over the smallest's (none with one size)."""
+    small, large = (by.get((n, "kill-rank", System.SLURM_FT.value)) for n in (min(nodes), max(nodes)))
+    if min(nodes) == max(nodes) or not (small and large and small["recovery_s"] and large["recovery_s"]):
+        return []
+    growth = large["recovery_s"] / small["recovery_s"]
+    return [{"target": f"rank crash: recovery grows at most {TARGETS['crash_recovery_growth']:g}x from "
+                       f"{min(nodes)} to {max(nodes)} nodes", "value": round(growth, 2),
+             "met": growth <= TARGETS["crash_recovery_growth"]}]
 
 
 def render(payload: dict[str, Any]) -> str:
@@ -600,9 +613,13 @@ def render(payload: dict[str, Any]) -> str:
                       Column("startup s", ".1f"): "reference_startup_s"}), ""]
     if payload.get("faults"):
         parts += ["Faults (one per run; detection: fault -> the attempt's ranks all gone; recovery: fault -> "
-                  "first step after)", records_table(payload["faults"], {
+                  "first step after, = relaunch (fault -> rank 0 runs again) + resume (process group, model, "
+                  "checkpoint) + the first step; rank0 cpu: rank 0's CPU seconds from its relaunch to that step)",
+                  records_table(payload["faults"], {
                       "nodes": "nodes", "fault": "fault", "system": "system",
                       Column("detect s", ".1f"): "detection_s", Column("recover s", ".1f"): "recovery_s",
+                      Column("relaunch s", ".2f"): "relaunch_s", Column("resume s", ".2f"): "resume_s",
+                      Column("rank0 cpu s", ".2f"): "restart_cpu_s",
                       Column("queue s", ".1f"): "queue_wait_s", "steps lost": "steps_lost",
                       Column("lost s", ".1f"): "lost_work_s", "requeues": "requeues", "completed": "completed",
                       "params": lambda r: {None: "-", True: "equal", False: "DIFFERENT"}[r["params_equal"]]}), ""]

@@ -2,7 +2,7 @@
 
 The benchmark workload (``slurm_ft.train.example --timeline FILE``) writes, on rank 0 only:
 
-- ``{"ev": "launch", "t": ...}`` when the process starts (before torch and the process group),
+- ``{"ev": "launch", "t": ...}`` when the script's ``main`` starts (its imports done; before the process group),
 - ``{"ev": "process_group", "t": ...}`` once the process group has formed (not with one rank),
 - ``{"ev": "built", "t": ...}`` once the model, optimizer and checkpoint manager are built, before the resume,
 - ``{"ev": "start", "t": ..., "resumed_from": S, "world": W, "pid": P}`` when it is ready to step,
@@ -10,7 +10,9 @@ The benchmark workload (``slurm_ft.train.example --timeline FILE``) writes, on r
 - ``{"ev": "save", "step": N, "t0": ..., "t1": ...}`` for the time a checkpoint save blocked the loop,
 - ``{"ev": "end", "t": ..., "step": N}`` after the last step.
 
-Times are ``time.time()`` so they compare with the benchmark driver's fault times on the same host. Every
+Times are ``time.time()`` so they compare with the benchmark driver's fault times on the same host. Every record
+also carries ``cpu``: the process's CPU seconds so far (``time.process_time()``), so a restart's wall time can be
+told from the CPU it needed (on the lab's shared cores, the rest is waiting for a core). Every
 process start opens a new *attempt*, whoever restarted it (slurm-ft's launcher, torchrun, a Slurm requeue), so
 one reading covers every system alike. The readers below are pure functions of those records.
 """
@@ -32,8 +34,8 @@ from slurm_ft.bench.ettr import EttrResult, Overhead, Span, StepRecord, ettr, ma
 class TimelineWriter:
     """Appends records to ``path`` with one ``write`` each (O_APPEND: a killed process loses at most a line)."""
 
-    def __init__(self, path: str | os.PathLike[str], clock=time.time) -> None:
-        self.clock = clock
+    def __init__(self, path: str | os.PathLike[str], clock=time.time, cpu_clock=time.process_time) -> None:
+        self.clock, self.cpu_clock = clock, cpu_clock
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -41,6 +43,7 @@ class TimelineWriter:
         record = {"ev": ev, **fields}
         if "t" not in record and "t0" not in record:
             record["t"] = round(self.clock(), 4)
+        record["cpu"] = round(self.cpu_clock(), 3)
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
     def close(self) -> None:
@@ -119,6 +122,9 @@ class FaultOutcome:
     resume_step: int | None  # where that attempt resumed
     steps_lost: int | None  # fault_step - resume_step: work done twice
     lost_work_s: float | None  # the time those steps had taken
+    relaunch_s: float | None = None  # fault -> the next attempt's rank 0 process running the script (``launch``)
+    resume_s: float | None = None  # that launch -> ready to step (process group, model, checkpoint loaded)
+    restart_cpu_s: float | None = None  # rank 0's CPU seconds from that launch to its first step's end
 
 
 def fault_outcome(records: Sequence[dict[str, Any]], fault_time: float,
@@ -132,6 +138,8 @@ def fault_outcome(records: Sequence[dict[str, Any]], fault_time: float,
     first = None if start is None else next(
         (r for r in records if r["ev"] == "step" and r["t0"] >= start["t"]), None)
     resume_step = None if start is None else int(start.get("resumed_from") or 0)
+    launch = None if start is None else next(
+        (r for r in records if r["ev"] == "launch" and fault_time < r["t"] <= start["t"]), None)
     lost = lost_s = None
     if fault_step is not None and resume_step is not None:
         lost = max(0, fault_step - resume_step)
@@ -139,7 +147,17 @@ def fault_outcome(records: Sequence[dict[str, Any]], fault_time: float,
     return FaultOutcome(fault_step=fault_step,
                         detection_s=None if torn_down_at is None else max(0.0, torn_down_at - fault_time),
                         recovery_s=None if first is None else first["t1"] - fault_time,
-                        resume_step=resume_step, steps_lost=lost, lost_work_s=lost_s)
+                        resume_step=resume_step, steps_lost=lost, lost_work_s=lost_s,
+                        relaunch_s=None if launch is None else launch["t"] - fault_time,
+                        resume_s=None if launch is None else start["t"] - launch["t"],
+                        restart_cpu_s=_cpu_between(launch, first))
+
+
+def _cpu_between(begin: dict[str, Any] | None, end: dict[str, Any] | None) -> float | None:
+    """CPU seconds one process spent between two of its records (None: a record or its ``cpu`` is missing)."""
+    if begin is None or end is None or "cpu" not in begin or "cpu" not in end:
+        return None
+    return end["cpu"] - begin["cpu"]
 
 
 def _attempt_at(records: Sequence[dict[str, Any]], when: float) -> list[dict[str, Any]]:

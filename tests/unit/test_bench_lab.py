@@ -120,6 +120,8 @@ def test_fault_row_reads_detection_recovery_queue_and_params():
     assert row["detection_s"] == pytest.approx(0.8) and row["recovery_s"] == pytest.approx(44.0 - 10.2)
     assert row["queue_wait_s"] == pytest.approx(28.0) and row["steps_lost"] == 3 and row["requeues"] == 1
     assert row["completed"] is True and row["params_equal"] is True
+    assert row["relaunch_s"] == pytest.approx(41.0 - 10.2) and row["resume_s"] == pytest.approx(2.0)
+    assert row["restart_cpu_s"] is None  # these records carry no cpu
     assert lab.fault_row(run, "kill-rank", reference="def")["params_equal"] is False
 
 
@@ -153,7 +155,8 @@ def _payload():
 
 
 def _config(**kw):
-    return lab.LabBenchConfig(dir=Path("/tmp/x"), out=Path("/tmp/x/out"), nodes=(2,), models=("medium",),
+    kw = {"nodes": (2,), **kw}
+    return lab.LabBenchConfig(dir=Path("/tmp/x"), out=Path("/tmp/x/out"), models=("medium",),
                               knobs=SlurmFtKnobs(hang_timeout_s=10.0), **kw)
 
 
@@ -166,6 +169,19 @@ def test_targets_compare_within_the_run_and_say_which_held():
     assert checks["lab ETTR under a fault every 300 s >= 0.95"]["met"]
     assert checks["less lost time than slurm --requeue in the same run"]["met"]
     assert not checks["less lost time than torchrun --max-restarts in the same run"]["met"]
+
+
+def test_recovery_growth_compares_the_largest_size_with_the_smallest():
+    payload = _payload()
+    payload["faults"].append({"nodes": 8, "fault": "kill-rank", "system": System.SLURM_FT.value,
+                              "recovery_s": 15.0, "detection_s": 1.0})
+    checks = lab.check_targets(payload, _config(nodes=(2, 8)))
+    growth = next(c for c in checks if "grows" in c["target"])
+    assert growth["target"] == "rank crash: recovery grows at most 2x from 2 to 8 nodes"
+    assert growth["value"] == 2.5 and not growth["met"]
+    payload["faults"][-1]["recovery_s"] = 9.0
+    assert next(c for c in lab.check_targets(payload, _config(nodes=(2, 8))) if "grows" in c["target"])["met"]
+    assert not any("grows" in c["target"] for c in lab.check_targets(_payload(), _config()))  # one size
 
 
 def test_measured_costs_are_in_the_simulators_terms():

@@ -22,16 +22,28 @@ RECORDS = ([{"ev": "launch", "t": 0.0}, {"ev": "start", "t": 2.0, "resumed_from"
 
 def test_writer_appends_one_json_line_per_record_and_reader_skips_a_torn_line(tmp_path):
     path = tmp_path / "sub" / "timeline.jsonl"
-    writer = tl.TimelineWriter(path, clock=lambda: 12.5)
+    cpu = iter([0.25, 0.75])
+    writer = tl.TimelineWriter(path, clock=lambda: 12.5, cpu_clock=lambda: next(cpu))
     writer.write("launch")
     writer.write("step", step=1, t0=1.0, t1=2.0)
     writer.close()
     with open(path, "a") as fh:
         fh.write('{"ev": "step", "st')  # the writer was killed mid-line
     lines = path.read_text().splitlines()
-    assert json.loads(lines[0]) == {"ev": "launch", "t": 12.5}
-    assert json.loads(lines[1]) == {"ev": "step", "step": 1, "t0": 1.0, "t1": 2.0}  # no "t" beside t0
-    assert tl.read_timeline(path) == [{"ev": "launch", "t": 12.5}, {"ev": "step", "step": 1, "t0": 1.0, "t1": 2.0}]
+    assert json.loads(lines[0]) == {"ev": "launch", "t": 12.5, "cpu": 0.25}
+    assert json.loads(lines[1]) == {"ev": "step", "step": 1, "t0": 1.0, "t1": 2.0, "cpu": 0.75}  # no "t" beside t0
+    assert tl.read_timeline(path) == [json.loads(line) for line in lines[:2]]
+
+
+def test_the_writer_records_this_processs_cpu_time(tmp_path):
+    path = tmp_path / "timeline.jsonl"
+    writer = tl.TimelineWriter(path)
+    writer.write("launch")
+    sum(i * i for i in range(2_000_000))  # burn some CPU
+    writer.write("start")
+    writer.close()
+    launch, start = tl.read_timeline(path)
+    assert start["cpu"] > launch["cpu"] >= 0.0
 
 
 def test_step_records_number_attempts_and_mark_the_redone_steps_lost():
@@ -56,6 +68,17 @@ def test_fault_outcome_counts_from_the_fault_to_the_next_attempts_first_step():
     assert outcome.lost_work_s == pytest.approx(3.0)
     assert outcome.detection_s == pytest.approx(0.8)
     assert outcome.recovery_s == pytest.approx(17.0 - 10.2)
+
+
+def test_fault_outcome_splits_the_restart_and_reads_rank_0s_cpu_for_it():
+    cpu = {"launch": 1.0, "start": 1.5}
+    records = [{**r, "cpu": cpu.get(r["ev"], 2.0 + r.get("step", 0) / 10)} if r.get("t", r.get("t0")) >= 14.0 else r
+               for r in RECORDS]
+    outcome = tl.fault_outcome(records, fault_time=10.2)
+    assert outcome.relaunch_s == pytest.approx(14.0 - 10.2) and outcome.resume_s == pytest.approx(2.0)
+    assert outcome.restart_cpu_s == pytest.approx(2.6 - 1.0)  # launch -> the end of step 6
+    assert tl.fault_outcome(RECORDS, fault_time=10.2).restart_cpu_s is None  # older timelines: no cpu
+    assert tl.fault_outcome(RECORDS, fault_time=10.2).relaunch_s == pytest.approx(3.8)
 
 
 def test_a_step_finishing_after_the_fault_still_belongs_to_the_faulted_attempt():

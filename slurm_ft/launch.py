@@ -214,12 +214,18 @@ def master_addr(node: str, environ: Mapping[str, str]) -> str:
     return environ.get("MASTER_ADDR") or node_addr(node)
 
 
-def node_addr(node: str) -> str:
-    """``node``'s IPv4 address; 127.0.0.1 when it does not resolve (the lab's nodes)."""
+def node_addr(node: str, resolve=socket.getaddrinfo) -> str:
+    """``node``'s address: IPv4 where it has one, else IPv6 (IPv6-only clusters); 127.0.0.1 when it does not
+    resolve (the lab's nodes)."""
     try:
-        return socket.gethostbyname(node)
-    except OSError:
+        found = [(family, sockaddr[0]) for family, _, _, _, sockaddr in resolve(node, None, type=socket.SOCK_STREAM)]
+    except (OSError, UnicodeError):
         return "127.0.0.1"
+    for wanted in (socket.AF_INET, socket.AF_INET6):
+        for family, addr in found:
+            if family == wanted:
+                return addr
+    return "127.0.0.1"
 
 
 # --- pure pieces ----------------------------------------------------------------------------------------------

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
+import pytest
+
+from slurm_ft.launch import node_addr
 from slurm_ft.train.bell import ENV, MIN_GAP_S, Bell, ring
 
 
@@ -40,3 +44,33 @@ def test_ringing_without_a_bell_or_at_a_bad_address_is_silent():
     assert ring({}, 0) is False
     assert ring({ENV: "no-port"}, 0) is False
     assert ring({ENV: "127.0.0.1:99999"}, 0) is False  # port out of range: not sent, no exception
+
+
+def test_an_ipv6_bell_rings_over_ipv6():
+    try:
+        bell = Bell("::1")
+    except OSError as exc:
+        pytest.skip(f"no IPv6 here: {exc}")
+    try:
+        assert bell.address.startswith("[::1]:")
+        assert ring({ENV: bell.address}, 2) is True
+        assert bell.wait(30.0) is True
+    finally:
+        bell.close()
+
+
+def _resolver(*answers):
+    def resolve(node, port, type=0):
+        return [(family, socket.SOCK_STREAM, 6, "", (addr, 0)) for family, addr in answers]
+    return resolve
+
+
+def test_the_node_address_prefers_ipv4_and_falls_back_to_ipv6():
+    both = _resolver((socket.AF_INET6, "fd00::7"), (socket.AF_INET, "10.0.0.7"))
+    assert node_addr("n7", resolve=both) == "10.0.0.7"
+    assert node_addr("n7", resolve=_resolver((socket.AF_INET6, "fd00::7"))) == "fd00::7"
+
+    def unknown(node, port, type=0):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    assert node_addr("n7", resolve=unknown) == "127.0.0.1"
+    assert node_addr("localhost") in ("127.0.0.1", "::1")  # the real resolver

@@ -748,6 +748,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, nargs="+", help="job sizes (default 1 2 4 8; --quick: 1 2)")
     p.add_argument("--models", nargs="+", help="model sizes (default medium large; --quick: medium)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
+    p.add_argument("--systems", default=",".join(s.slug for s in System),
+                   help=f"comma-separated subset of {','.join(s.slug for s in System)} (default all)")
     p.add_argument("--steps", type=int, default=40, help="steps of a throughput or fault run (default 40)")
     p.add_argument("--step-time", type=float, default=0.2, help="seconds of sleep per step (default 0.2)")
     p.add_argument("--ckpt-every", type=int, default=10, help="steps between saves, every system (default 10)")
@@ -774,10 +776,12 @@ def config_from_args(args: argparse.Namespace) -> LabBenchConfig:
     quick = QUICK if args.quick else {}
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="ftbench-", dir="/tmp"))
     try:
+        systems = _systems(_split(args.systems))
         workload = Workload(steps=args.steps, step_time_s=args.step_time, ckpt_every=args.ckpt_every,
                             collective_timeout_s=args.collective_timeout)
         return LabBenchConfig(
             dir=workdir.absolute(), out=args.out, phases=_split(args.phases), faults=_split(args.faults),
+            systems=systems,
             nodes=tuple(args.nodes or quick.get("nodes", (1, 2, 4, 8))),
             models=tuple(args.models or quick.get("models", ("medium", "large"))), workload=workload,
             knobs=SlurmFtKnobs(hang_timeout_s=args.hang_timeout, min_interval_s=2.0, mtbf_prior_s=args.mtbf_prior),
@@ -786,6 +790,14 @@ def config_from_args(args: argparse.Namespace) -> LabBenchConfig:
             fault_every_s=args.fault_every or quick.get("fault_every_s", 300.0), keep_lab=args.keep_lab)
     except ValueError as exc:
         raise SlurmFtError(f"bench lab: {exc}") from None
+
+
+def _systems(slugs: Sequence[str]) -> tuple[System, ...]:
+    by_slug = {s.slug: s for s in System}
+    unknown = [slug for slug in slugs if slug not in by_slug]
+    if unknown:
+        raise ValueError(f"systems: {unknown[0]!r} is none of {', '.join(by_slug)}")
+    return tuple(by_slug[slug] for slug in slugs)
 
 
 def _split(text: str) -> tuple[str, ...]:

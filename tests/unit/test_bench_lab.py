@@ -214,11 +214,18 @@ def test_lab_size_fits_the_biggest_job_with_its_spare_or_the_ettr_jobs_at_once()
     (["--nodes", "0"], ["nodes", "[0]"]),
     (["--models", "huge"], ["model", "'huge'"]),
     (["--fault-step", "40"], ["fault_step", "--fault-step", "40"]),
+    (["--systems", "ft,slurm"], ["systems", "'slurm'"]),
 ])
 def test_bad_arguments_are_one_clear_error(argv, words):
     with pytest.raises(SlurmFtError) as err:
         lab.config_from_args(lab.parse_args([*argv, "--dir", "/tmp/never-made"]))
     assert all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_systems_are_picked_by_their_short_names():
+    picked = lab.config_from_args(lab.parse_args(["--systems", "ft,torchrun", "--dir", "/tmp/q"])).systems
+    assert picked == (System.SLURM_FT, System.TORCHRUN)
+    assert lab.config_from_args(lab.parse_args(["--dir", "/tmp/q"])).systems == tuple(System)
 
 
 def test_quick_shrinks_the_run_and_flags_win_over_it():

@@ -664,12 +664,18 @@ class Launcher:
     def _failure_evidence(self) -> bool | None:
         """None while no rank of this attempt left an error file or a bad end record (earlier attempts' are
         archived); else whether the evidence is complete: every rank with an error file has its end record too
-        (the wrapper writes it last, once the rank's process is gone)."""
-        errors = {record.rank for record in read_errors(self.config.run_dir)}
+        (the wrapper writes it last, once the rank's process is gone), but for errors recorded after the first
+        bad end. Those ranks were taken down by it (the earliest record is the root cause): how their processes
+        end changes no verdict, and waiting for it (a torch process with its collectives' threads takes a while
+        to exit, seconds with CUDA) only delays the restart."""
+        errors = read_errors(self.config.run_dir)
         ends = read_ends(self.config.run_dir)
-        if not errors and not any(end.failed for end in ends):
+        first_bad = min((end.time for end in ends if end.failed), default=None)
+        if not errors and first_bad is None:
             return None
-        return bool(ends) and errors <= {end.rank for end in ends}
+        ended = {end.rank for end in ends}
+        return bool(ends) and all(record.rank in ended for record in errors
+                                  if first_bad is None or record.time <= first_bad)
 
     def _wait(self, seconds: float) -> None:
         """Until the next poll, or until a rank's wrapper rings the bell (a rank ended badly)."""

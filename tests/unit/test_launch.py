@@ -225,6 +225,41 @@ def test_an_error_file_without_its_end_record_is_waited_for(tmp_path):
     assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.2)
 
 
+class KilledThenVictim(Script):
+    """Rank 1 is killed at ``at`` (its wrapper's end record, no error file); rank 0 records the error the kill
+    caused ``victim_after`` later (negative: before the kill) and is still ending: no end record of its own."""
+
+    def __init__(self, run_dir, clock, *, at: float, victim_after: float) -> None:
+        super().__init__(run_dir, hang_after=10**6)
+        self.clock, self.at, self.victim_after = clock, at, victim_after
+
+    def poll(self):
+        code = super().poll()
+        if self.clock.now >= self.at and not self.killed:
+            write_end(self.run_dir, RankEnd(rank=1, time=self.at, signal=9))
+            write_error(self.run_dir, ErrorRecord(rank=0, time=self.at + self.victim_after, exc_type="RuntimeError",
+                                                  message="Connection closed by peer"))
+        return code
+
+
+def test_a_victims_error_after_the_first_bad_end_is_not_waited_for(tmp_path):
+    run = tmp_path / "run"
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    launcher.runner.scripts = [KilledThenVictim(run, clock, at=1002.0, victim_after=0.05), Script(run)]
+    assert launcher.run() == 0
+    # rank 0 failed because rank 1 was killed: its process still ending changes no verdict, so no evidence wait
+    assert second_start(tmp_path) == pytest.approx(1002.0 + 3.0, abs=0.2)
+
+
+def test_an_error_before_the_first_bad_end_is_still_waited_for(tmp_path):
+    run = tmp_path / "run"
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    launcher.runner.scripts = [KilledThenVictim(run, clock, at=1002.0, victim_after=-0.05), Script(run)]
+    assert launcher.run() == 0
+    # rank 0's error came first: it may be the root cause, so the launcher waits for how its process ends
+    assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.2)
+
+
 class Bell:
     """A fake fault bell on the fake clock: rung at ``at`` (the failed rank's wrapper)."""
 

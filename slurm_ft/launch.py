@@ -664,10 +664,12 @@ class Launcher:
     def _failure_evidence(self) -> bool | None:
         """None while no rank of this attempt left an error file or a bad end record (earlier attempts' are
         archived); else whether the evidence is complete: every rank with an error file has its end record too
-        (the wrapper writes it last, once the rank's process is gone), but for errors recorded after the first
-        bad end. Those ranks were taken down by it (the earliest record is the root cause): how their processes
-        end changes no verdict, and waiting for it (a torch process with its collectives' threads takes a while
-        to exit, seconds with CUDA) only delays the restart."""
+        (the wrapper writes it last, once the rank's process is gone), but for the victims of a bad end: errors
+        recorded after it, or only a victim's view ("Connection closed by peer"; its time may precede the bad
+        end's record by the wrapper's lag). How their processes end changes no verdict, and waiting for it (a torch
+        process with its collectives' threads takes a while to exit, seconds with CUDA) only delays the restart."""
+        from slurm_ft.classify.engine import victims_view
+
         errors = read_errors(self.config.run_dir)
         ends = read_ends(self.config.run_dir)
         first_bad = min((end.time for end in ends if end.failed), default=None)
@@ -675,7 +677,7 @@ class Launcher:
             return None
         ended = {end.rank for end in ends}
         return bool(ends) and all(record.rank in ended for record in errors
-                                  if first_bad is None or record.time <= first_bad)
+                                  if first_bad is None or (record.time <= first_bad and not victims_view(record)))
 
     def _wait(self, seconds: float) -> None:
         """Until the next poll, or until a rank's wrapper rings the bell (a rank ended badly)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
 from slurm_ft.classify.rules import Rule, Rules, default_rules
@@ -171,7 +171,7 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
             xids += snapshot.xids
     for record in evidence.errors:
         said = list(_error_findings(record, rules, scan))
-        if said and all(f.rule.secondary for f in said):
+        if _only_secondary(said):
             ctx.victims.add(record.rank)
         findings += said
     for tail in evidence.logs:
@@ -182,6 +182,16 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
     for i, f in enumerate(findings):
         f.order = i
     return findings, ctx
+
+
+def victims_view(record: ErrorRecord, rules: Rules | None = None) -> bool:
+    """Whether an error file is only a victim's view of another rank's failure (every finding in it secondary:
+    "Connection closed by peer" ...): it never names the root cause."""
+    return _only_secondary(_error_findings(record, rules if rules is not None else default_rules(), _scan_fast))
+
+
+def _only_secondary(found: Sequence[Finding]) -> bool:
+    return bool(found) and all(f.rule.secondary for f in found)
 
 
 # ---- gathering findings --------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from slurm_ft.classify import (Action, Category, Evidence, JobEnd, LogTail, NodeEvent, classify, default_rules)
-from slurm_ft.classify.engine import explain
+from slurm_ft.classify.engine import explain, victims_view
 from slurm_ft.health.records import GpuHealth, NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
 from slurm_ft.train.records import ErrorRecord
@@ -172,3 +172,13 @@ def test_a_log_line_naming_a_node_is_the_jobs_word_even_for_its_own_node():
 def test_the_nodes_own_evidence_is_attested():
     v = classify(Evidence(job=JobEnd(state="FAILED", nodes=("n1", "n2")), kmsg=(XidEvent(node="n2", xid=79),)))
     assert v.culprit.nodes == ("n2",) and v.attested_nodes == ("n2",)
+
+
+@pytest.mark.parametrize("exc_type, message, victim", [
+    ("RuntimeError", "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                     "[127.0.0.1]:35233", True),
+    ("RuntimeError", "CUDA error: an illegal memory access was encountered", False),
+    ("ValueError", "bad batch shape", False),
+])
+def test_victims_view_tells_a_peers_closed_connection_from_an_error_of_its_own(exc_type, message, victim):
+    assert victims_view(ErrorRecord(rank=0, time=1.0, exc_type=exc_type, message=message)) is victim

@@ -229,34 +229,41 @@ class KilledThenVictim(Script):
     """Rank 1 is killed at ``at`` (its wrapper's end record, no error file); rank 0 records the error the kill
     caused ``victim_after`` later (negative: before the kill) and is still ending: no end record of its own."""
 
-    def __init__(self, run_dir, clock, *, at: float, victim_after: float) -> None:
+    def __init__(self, run_dir, clock, *, at: float, victim_after: float,
+                 message: str = "Connection closed by peer [127.0.0.1]:35233") -> None:
         super().__init__(run_dir, hang_after=10**6)
-        self.clock, self.at, self.victim_after = clock, at, victim_after
+        self.clock, self.at, self.victim_after, self.message = clock, at, victim_after, message
 
     def poll(self):
         code = super().poll()
         if self.clock.now >= self.at and not self.killed:
             write_end(self.run_dir, RankEnd(rank=1, time=self.at, signal=9))
             write_error(self.run_dir, ErrorRecord(rank=0, time=self.at + self.victim_after, exc_type="RuntimeError",
-                                                  message="Connection closed by peer"))
+                                                  message=self.message))
         return code
 
 
-def test_a_victims_error_after_the_first_bad_end_is_not_waited_for(tmp_path):
+@pytest.mark.parametrize("victim_after, message", [
+    (0.05, "boom in the loss"),  # any error recorded after the kill's end record
+    (-0.004, "Connection closed by peer [127.0.0.1]:35233"),  # a victim's view, stamped before the end (lag)
+])
+def test_a_victims_error_is_not_waited_for(tmp_path, victim_after, message):
     run = tmp_path / "run"
     launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
-    launcher.runner.scripts = [KilledThenVictim(run, clock, at=1002.0, victim_after=0.05), Script(run)]
+    launcher.runner.scripts = [KilledThenVictim(run, clock, at=1002.0, victim_after=victim_after, message=message),
+                               Script(run)]
     assert launcher.run() == 0
     # rank 0 failed because rank 1 was killed: its process still ending changes no verdict, so no evidence wait
     assert second_start(tmp_path) == pytest.approx(1002.0 + 3.0, abs=0.2)
 
 
-def test_an_error_before_the_first_bad_end_is_still_waited_for(tmp_path):
+def test_an_error_of_its_own_before_the_first_bad_end_is_still_waited_for(tmp_path):
     run = tmp_path / "run"
     launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
-    launcher.runner.scripts = [KilledThenVictim(run, clock, at=1002.0, victim_after=-0.05), Script(run)]
+    launcher.runner.scripts = [KilledThenVictim(run, clock, at=1002.0, victim_after=-0.05, message="boom in the loss"),
+                               Script(run)]
     assert launcher.run() == 0
-    # rank 0's error came first: it may be the root cause, so the launcher waits for how its process ends
+    # rank 0's own error came first: it may be the root cause, so the launcher waits for how its process ends
     assert second_start(tmp_path) == pytest.approx(1003.0 + 3.0, abs=0.2)
 
 

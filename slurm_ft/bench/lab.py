@@ -794,9 +794,7 @@ def config_from_args(args: argparse.Namespace) -> LabBenchConfig:
 
 def _systems(slugs: Sequence[str]) -> tuple[System, ...]:
     by_slug = {s.slug: s for s in System}
-    unknown = [slug for slug in slugs if slug not in by_slug]
-    if unknown:
-        raise ValueError(f"systems: {unknown[0]!r} is none of {', '.join(by_slug)}")
+    _check_subset("systems", slugs, list(by_slug))
     return tuple(by_slug[slug] for slug in slugs)
 
 

@@ -4,10 +4,10 @@ Without it the launcher saw a dead rank at its next poll (``poll_s``, 1 s) and e
 evidence wait: 1-2 s of every in-allocation restart, whatever the fault. A ring wakes it at once.
 
 A ring is one UDP datagram to the launcher's node (``SLURM_FT_BELL=addr:port``, ``[addr]:port`` for IPv6, which
-the launcher gives each attempt). It is only a wake-up: the launcher then reads the end and error records as at any poll, so a lost, late,
-repeated or forged datagram changes when it looks, never what it decides. Ringing never blocks and never fails the
-wrapper (UDP: no connect, no wait for a dead or firewalled launcher). A flood wakes the launcher at most once per
-``MIN_GAP_S``.
+the launcher gives each attempt). It is only a wake-up: the launcher then reads the end and error records as at
+any poll, so a lost, late, repeated or forged datagram changes when it looks, never what it decides. Ringing never
+blocks and never fails the wrapper (UDP: no connect, no wait for a dead or firewalled launcher). A flood wakes the
+launcher at most once per ``MIN_GAP_S``.
 """
 
 from __future__ import annotations

@@ -421,6 +421,7 @@ model = torch.nn.Linear(2, 2)
 cfg = CheckpointConfig(dir=sys.argv[1], every=1000, emergency_deadline_s=1.0)
 mgr = CheckpointManager(cfg, model=model, storage=SlowDisk())
 mgr.install_signal_handlers()
+print("signalled at", time.monotonic(), file=sys.stderr, flush=True)
 os.kill(os.getpid(), signal.SIGUSR1)
 mgr.maybe_save(7)  # returns at the deadline with the save still running
 time.sleep(60)  # the watchdog ends the process first
@@ -428,12 +429,14 @@ time.sleep(60)  # the watchdog ends the process first
 
 
 def test_emergency_save_past_its_deadline_ends_the_process(tmp_path):
+    import re
     import sys
     import time
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", EMERGENCY_SCRIPT, str(tmp_path), os.path.dirname(__file__)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=90)
+    ended = time.monotonic()
     assert proc.returncode == 128 + signal.SIGUSR1, proc.stderr[-2000:]
-    assert time.monotonic() - start < 20
+    signalled = float(re.search(r"signalled at (\S+)", proc.stderr).group(1))  # after the imports: a busy host's
+    assert ended - signalled < 20  # torch import is not the watchdog's doing; the script's own sleep is 60 s
     assert "emergency save not finished 1.0s after signal" in proc.stderr
     assert layout.committed_steps(tmp_path) == []

@@ -1,6 +1,6 @@
 """``slurm-ft bench step``: what the checkpoint manager costs per training step when it does not save.
 
-    slurm-ft bench step [--ranks 1,2,4,8] [--steps 300] [--step-s 1.0] [--agree-every-s 2] [--out DIR]
+    slurm-ft bench step [--ranks 1,2,4,8,16] [--steps 300] [--step-s 1.0] [--agree-every-s 2] [--out DIR]
 
 Per rank count, real processes in a gloo group on this host each build a CheckpointManager with signal handlers
 installed (as a launched job has them; auto mode does the same all-reduce) and an interval it never reaches,
@@ -11,7 +11,7 @@ the mean). The manager's agreement is pipelined (started in one step, waited for
 ``maybe_save`` measures what stays on the critical path; the bare all-reduce measures the collective itself. The
 per-step cost at P ranks is the median (and, spaced, the mean) over steps of the slowest rank's time. The model
 (``slurm_ft.bench.step_model``) is fitted to those and extrapolated to 1k-16k ranks as a fraction of a --step-s
-step. With more ranks than cores the processes share cores: the 8-rank figure includes
+step. With more ranks than cores the processes share cores: the 4- to 16-rank figures include
 context switches. Outputs: the tables on stdout, step.json in --out.
 """
 
@@ -112,7 +112,7 @@ def measure(world: int, plan: dict[str, Any]) -> dict[str, Any]:
 def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
     p = argparse.ArgumentParser(prog="slurm-ft bench step", description="What the checkpoint manager's one all-reduce per step costs at 1-8 gloo "
                                             "ranks, modelled to 1k-16k ranks.")
-    p.add_argument("--ranks", default="1,2,4,8", help="rank counts, comma separated (default 1,2,4,8)")
+    p.add_argument("--ranks", default="1,2,4,8,16", help="rank counts, comma separated (default 1,2,4,8,16)")
     p.add_argument("--steps", type=int, default=300, help="measured steps per rank count")
     p.add_argument("--warmup", type=int, default=30, help="steps before measuring")
     p.add_argument("--step-s", type=float, default=1.0, help="training step the cost is compared with (s)")

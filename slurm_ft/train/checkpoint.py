@@ -56,7 +56,7 @@ from slurm_ft.config import require
 from slurm_ft.errors import ConfigError, SlurmFtError
 from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.slurm.types import JobState
-from slurm_ft.train import layout, records
+from slurm_ft.train import gloo_exit, layout, records
 from slurm_ft.train.console import show_progress
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
@@ -300,6 +300,8 @@ class CheckpointManager:
         self.storage: Storage = storage or FileStorage(write_threads=config.write_threads)
         self.dir = Path(config.dir)
         self._distributed = dist.is_available() and dist.is_initialized()
+        if self._distributed:
+            gloo_exit.install()  # the manager's groups are gloo: a finished run must not abort at exit
         self.rank = dist.get_rank(process_group) if self._distributed else 0
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
         show_progress(self.rank)  # "resumed from step N", "committed" on stderr unless the program set up logging

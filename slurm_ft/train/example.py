@@ -312,10 +312,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    # Everything is committed, fsynced and printed. Skip interpreter teardown: a native thread still owned by
-    # torch's gloo/DCP internals at that point intermittently aborts a finished run ("terminate called without
-    # an active exception", exit -6; seen in CI, about 1 run in 10). An error still exits through the traceback.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    sys.exit(main())  # a plain exit: the checkpoint manager keeps gloo from aborting it (slurm_ft.train.gloo_exit)

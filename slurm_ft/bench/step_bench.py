@@ -110,7 +110,7 @@ def measure(world: int, plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
-    p = argparse.ArgumentParser(prog="slurm-ft bench step", description="What the checkpoint manager's one all-reduce per step costs at 1-8 gloo "
+    p = argparse.ArgumentParser(prog="slurm-ft bench step", description="What the checkpoint manager's one all-reduce per step costs at 1-16 gloo "
                                             "ranks, modelled to 1k-16k ranks.")
     p.add_argument("--ranks", default="1,2,4,8,16", help="rank counts, comma separated (default 1,2,4,8,16)")
     p.add_argument("--steps", type=int, default=300, help="measured steps per rank count")

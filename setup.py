@@ -1,5 +1,5 @@
 """Everything is in pyproject.toml; this only ships the hook sources (spank/, prolog/, epilog/) inside the package,
-as ``slurm_ft/hook_sources/``, so that ``slurm-ft admin install`` works from a wheel (see slurm_ft.admin)."""
+as ``slurm_ft/hook_sources/``, so that ``slurm-ft admin install`` works from a wheel (see slurm_ft.cluster.admin)."""
 
 import shutil
 from pathlib import Path

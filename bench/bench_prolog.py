@@ -1,6 +1,6 @@
 """Prolog gate latency: what slurmd waits for before every job, on a GPU-less host (target: well under 1 s).
 
-Runs the installed-style wrapper (``#!<python> -I`` calling ``slurm_ft.hooks``) as a subprocess, as slurmd does,
+Runs the installed-style wrapper (``#!<python> -I`` calling ``slurm_ft.cluster.hooks``) as a subprocess, as slurmd does,
 next to a bare ``python -I -c pass`` so the ratio is measured in one run on the same machine:
 
 - pass: healthy node (no NVML library here, no quarantine store yet)
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_ft.admin import render_wrapper  # noqa: E402
-from slurm_ft.quarantine import Quarantine, QuarantineStore  # noqa: E402
+from slurm_ft.cluster.admin import render_wrapper  # noqa: E402
+from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore  # noqa: E402
 
 
 def timed(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float, int]:

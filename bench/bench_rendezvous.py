@@ -6,7 +6,7 @@ Every rank of an attempt is released at once; rank 0 then waits ``late`` seconds
 later: srun on another node, a standby still handing over). Each rank runs ``init_process_group("gloo")`` with
 ``env://`` and one barrier. "rank 0" is torch's default: rank 0 starts the store server, the others connect and
 retry while it is not listening. "launcher" is slurm-ft's restart path: a store the launcher's keeper
-(``slurm_ft.train.store``) holds open before the ranks start, every rank a client. The figure is the time from
+(``slurm_ft.launch.store``) holds open before the ranks start, every rank a client. The figure is the time from
 the release until the last rank is through the barrier, less ``late`` (what the rendezvous adds to the wait for
 the last rank). Both systems run interleaved in one run; compare their ratio, not absolute times.
 """
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    from slurm_ft.launch import free_port
-    from slurm_ft.train.store import StoreKeeper
+    from slurm_ft.launch.launcher import free_port
+    from slurm_ft.launch.store import StoreKeeper
 
     keeper = StoreKeeper(sys.executable, "127.0.0.1")
     keeper.start()

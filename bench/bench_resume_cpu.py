@@ -1,6 +1,6 @@
 """What a restarted rank spends, in CPU and wall seconds, on each part of its resume (real gloo ranks, FSDP2).
 
-A warm restart (``slurm_ft.train.standby``) starts each rank in a spare that has imported torch; what is left is
+A warm restart (``slurm_ft.launch.standby``) starts each rank in a spare that has imported torch; what is left is
 the rank's own work: the process group, the model, the checkpoint (verify, the state dict DCP loads into,
 ``dcp.load``, ``set_state_dict``), the example's digest of the loaded parameters and the first steps. This
 script saves one checkpoint of the example trainer's model on N ranks, then starts N fresh ranks twice over and
@@ -34,10 +34,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from slurm_ft.launch import free_port  # noqa: E402
+from slurm_ft.launch.launcher import free_port  # noqa: E402
 from slurm_ft.train import checkpoint as ckpt  # noqa: E402
 from slurm_ft.train import example  # noqa: E402
-from slurm_ft.train.standby import PRELOAD  # noqa: E402
+from slurm_ft.launch.standby import PRELOAD  # noqa: E402
 
 PARTS = ("process group", "model", "manager", "verify", "state dict", "dcp.load", "set_state_dict", "digest",
          "first step", "second step")

@@ -14,22 +14,22 @@ import signal
 import sys
 
 from slurm_ft import __version__
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.core.errors import SlurmFtError
 
 # subcommand -> module providing register(subparsers)
 COMMANDS: dict[str, str] = {
     "lab": "slurm_ft.lab.cli",
-    "launch": "slurm_ft.launch",
-    "monitor": "slurm_ft.monitor",
+    "launch": "slurm_ft.launch.launcher",
+    "monitor": "slurm_ft.cluster.monitor",
     "classify": "slurm_ft.classify.cli",
-    "quarantine": "slurm_ft.quarantine_cli",
-    "status": "slurm_ft.status",
-    "report": "slurm_ft.report",
+    "quarantine": "slurm_ft.cluster.quarantine_cli",
+    "status": "slurm_ft.cluster.status",
+    "report": "slurm_ft.launch.report",
     "bench": "slurm_ft.bench.cli",
-    "demo": "slurm_ft.demo",
-    "admin": "slurm_ft.admin",
-    "prolog": "slurm_ft.hooks",
-    "epilog": "slurm_ft.hooks",
+    "demo": "slurm_ft.bench.demo",
+    "admin": "slurm_ft.cluster.admin",
+    "prolog": "slurm_ft.cluster.hooks",
+    "epilog": "slurm_ft.cluster.hooks",
 }
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.bench import ckpt_peers as cp
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 DEFAULT_OUT = Path("bench/results/checkpoint")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.config import require
+from slurm_ft.core.config import require
 
 SCHEMA = "slurm-ft/bench-checkpoint-peers/1"
 MEMCPY, DISK = "memcpy (limit)", "raw disk fsync (limit)"

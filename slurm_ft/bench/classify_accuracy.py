@@ -14,7 +14,7 @@ from pathlib import Path
 
 from slurm_ft.classify.engine import classify
 from slurm_ft.classify.rules import Rules
-from slurm_ft.classify.taxonomy import Category
+from slurm_ft.core.taxonomy import Category
 
 GOAL = 0.90  # issue 18: category and recoverable accuracy on the held-back third
 BUCKETS = ((0.0, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.01))  # confidence: [low, high)

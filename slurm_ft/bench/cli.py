@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.core.errors import SlurmFtError
 
 REPO_BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 DEFAULT_OUT = Path("bench/results")

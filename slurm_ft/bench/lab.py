@@ -40,8 +40,8 @@ from typing import Any
 from slurm_ft.bench import timeline as tl
 from slurm_ft.bench.ettr import Overhead, Span, ettr
 from slurm_ft.bench.lab_jobs import JobSpec, SlurmFtKnobs, System, Workload, batch_script, sbatch_argv
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.interval import young_daly_interval
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.train.interval import young_daly_interval
 from slurm_ft.slurm.types import JobState
 
 SCHEMA = "slurm-ft.bench-lab/1"
@@ -185,7 +185,7 @@ class Bench:
 
     # -- lab ----------------------------------------------------------------------------------------------------
     def __enter__(self) -> "Bench":
-        from slurm_ft.demo import MonitorThread
+        from slurm_ft.bench.demo import MonitorThread
         from slurm_ft.lab.cluster import LabCluster, LabConfig
 
         self.lab = LabCluster(LabConfig(dir=self.config.dir / "lab", nodes=self.config.lab_nodes))
@@ -275,7 +275,7 @@ class Bench:
         """Inject ``kind`` into ``run``'s current attempt, aimed at its last rank (or that rank's node)."""
         import signal
 
-        from slurm_ft.faults import crash_node, training_processes
+        from slurm_ft.lab.faults import crash_node, training_processes
 
         ranks = training_processes(self.lab, run.job_id)
         if not ranks:
@@ -338,7 +338,7 @@ def _observe(run: Run, job: Any) -> None:
 
 
 def _check_teardown(run: Run) -> None:
-    from slurm_ft.faults import alive
+    from slurm_ft.lab.faults import alive
 
     for fault in run.faults:
         if fault.torn_down_at is None and not any(alive(pid) for pid in fault.pids):

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.config import require
-from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
+from slurm_ft.core.config import require
+from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 
 LLAMA3_GPUS = 16_384
 LLAMA3_MTBF_S = 3 * 3600.0

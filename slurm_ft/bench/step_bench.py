@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.bench import step_model as sm
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 DEFAULT_OUT = Path("bench/results/step")
 EVERY_NEVER = 10**12

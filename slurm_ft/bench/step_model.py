@@ -31,7 +31,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from slurm_ft.config import require
+from slurm_ft.core.config import require
 
 SCHEMA = "slurm-ft/bench-step/1"
 DEFAULT_RANKS = (1, 2, 4, 8)

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
 from slurm_ft.classify.rules import Rule, Rules, default_rules
 from slurm_ft.classify.scan import LineHit
-from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
+from slurm_ft.core.taxonomy import Action, Category, Culprit, Verdict
 from slurm_ft.classify.xid import XidKind, normalize_pci, xid_pid
 from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, recovery_action_name
-from slurm_ft.train.records import ErrorRecord, RankEnd, RankState
+from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 
 NODE_BAND = 90
 JOB_BAND = 70

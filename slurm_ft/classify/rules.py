@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.classify.scan import Scanner
-from slurm_ft.classify.taxonomy import Action, Category
+from slurm_ft.core.taxonomy import Action, Category
 from slurm_ft.classify.xid import XidInfo, XidKind
-from slurm_ft.config import SiteConfig
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.config import SiteConfig
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.slurm.types import JobState
 
 if sys.version_info >= (3, 11):

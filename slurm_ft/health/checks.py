@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_ft import env
-from slurm_ft.classify.taxonomy import Category
-from slurm_ft.config import require
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.core import env
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.health.records import NvmlSnapshot, XidEvent, recovery_action_name, snapshot_from_dict
 
 # Xids that mean the GPU or its memory/fabric is faulty, so the node must leave service (NVIDIA's Xid

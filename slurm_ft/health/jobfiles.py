@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from slurm_ft.train.records import ErrorRecord
+from slurm_ft.core.rundir import ErrorRecord
 
 _ERROR_NAME_RE = re.compile(r"^error\.rank(\d{1,7})\.json$")  # train.records.ERROR_GLOB, strictly
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -113,7 +113,7 @@ def latest_committed_step(ckpt_dir: str, uid: int, max_bytes: int = MANIFEST_MAX
     """The step of the newest committed checkpoint in the job's ``ckpt_dir``, read as root without trusting it:
     no symlinks (step dirs and ``COMMITTED`` opened ``O_NOFOLLOW``), owner ``uid``, regular files (opened
     non-blocking, so a FIFO or device cannot stall the reader), size-capped; None when there is none."""
-    from slurm_ft.train.layout import MARKER, STEP_RE, Manifest
+    from slurm_ft.core.layout import MARKER, STEP_RE, Manifest
 
     with open_user_dir(ckpt_dir, uid) as fd:
         steps = sorted(((int(m.group(1)), n) for n in os.listdir(fd) if (m := STEP_RE.match(n))), reverse=True)

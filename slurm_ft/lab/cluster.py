@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_ft import env as ft_env
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.core import env as ft_env
+from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.lab import ports, procs, slurmconf
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
 from slurm_ft.slurm.cli_backend import CliSlurmClient
@@ -67,7 +67,7 @@ class LabConfig:
     base_port: int | None = None
     slurmd_timeout: int = 10
     min_job_age: int = 300
-    hooks: bool = True  # append slurm_ft.admin.lab_install() lines (prolog, epilog, plugstack) when available
+    hooks: bool = True  # append slurm_ft.cluster.admin.lab_install() lines (prolog, epilog, plugstack) when available
     slurm_user: str = "root"
     extra_conf: tuple[str, ...] = ()  # more slurm.conf lines, appended last
     start_timeout: float = 60.0
@@ -266,7 +266,7 @@ class LabCluster:
     def _extra_lines(self, say: Progress) -> list[str]:
         lines = list(hook_lines(self.dir, slurm_user=self.config.slurm_user)) if self.config.hooks else []
         if lines:
-            say(f"hooks from slurm_ft.admin: {len(lines)} slurm.conf lines")
+            say(f"hooks from slurm_ft.cluster.admin: {len(lines)} slurm.conf lines")
         return lines + list(self.config.extra_conf)
 
     def _start(self, layout: LabLayout, say: Progress) -> None:
@@ -542,11 +542,11 @@ def node_ready(node: NodeInfo) -> bool:
 
 
 def hook_lines(lab_dir: Path, *, slurm_user: str) -> list[str]:
-    """Extra slurm.conf lines from ``slurm_ft.admin.lab_install`` (prolog/epilog/plugstack), if it exists yet."""
+    """Extra slurm.conf lines from ``slurm_ft.cluster.admin.lab_install`` (prolog/epilog/plugstack), if it exists yet."""
     try:
-        admin = importlib.import_module("slurm_ft.admin")
+        admin = importlib.import_module("slurm_ft.cluster.admin")
     except ModuleNotFoundError as exc:
-        if exc.name in ("slurm_ft.admin", "slurm_ft"):
+        if exc.name in ("slurm_ft.cluster.admin", "slurm_ft"):
             return []
         raise
     install = getattr(admin, "lab_install", None)

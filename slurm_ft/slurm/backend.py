@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable, Mapping
 from types import ModuleType
 
-from slurm_ft import env as ft_env
-from slurm_ft.errors import ConfigError, SlurmFtError
+from slurm_ft.core import env as ft_env
+from slurm_ft.core.errors import ConfigError, SlurmFtError
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.formats import same_release
 from slurm_ft.slurm.types import SlurmClient

@@ -10,7 +10,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 
-from slurm_ft.errors import SlurmCommandError
+from slurm_ft.core.errors import SlurmCommandError
 from slurm_ft.slurm import formats, parsers
 from slurm_ft.slurm.runner import CommandResult, Runner, merged_env, run_command
 from slurm_ft.slurm.types import JobInfo, NodeInfo

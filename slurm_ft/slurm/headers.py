@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.slurm.formats import same_release
 
 VERSION_HEADER = Path("slurm") / "slurm_version.h"

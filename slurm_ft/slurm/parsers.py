@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from slurm_ft.errors import SlurmFormatError
+from slurm_ft.core.errors import SlurmFormatError
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
 
 # --- squeue / sinfo --json --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from slurm_ft.errors import SlurmCommandError
+from slurm_ft.core.errors import SlurmCommandError
 from slurm_ft.slurm import parsers
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
 

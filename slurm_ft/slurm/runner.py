@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from slurm_ft.errors import SlurmCommandError
+from slurm_ft.core.errors import SlurmCommandError
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

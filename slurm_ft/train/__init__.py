@@ -21,7 +21,7 @@ A plain PyTorch loop adopts it in a few lines (see ``slurm_ft.train.example`` fo
         mgr.close()                                         # waits for the in-flight save; raises if it failed
 
 Torch-free at import: the names below load their modules (and torch) on first access, so the monitor and the
-launcher can import ``slurm_ft.train.layout`` and ``slurm_ft.train.records`` without torch.
+launcher can import ``slurm_ft.core.layout`` and ``slurm_ft.core.rundir`` without torch.
 """
 
 _LAZY = {"CheckpointManager": "slurm_ft.train.checkpoint", "CheckpointConfig": "slurm_ft.train.checkpoint",

@@ -3,7 +3,7 @@
 One save: every rank writes its DCP shards and its ``rank_<R>.pt`` local state (step, LR scheduler, dataloader
 and extra state, RNG states) into the shared temp dir ``.tmp-step_<N>-<id>``, hashing each file as it writes it.
 Once all ranks are done, rank 0 gathers the digests, writes the manifest and publishes the dir atomically (see
-:mod:`slurm_ft.train.layout`). The checkpoint dir must be on a filesystem all ranks share.
+:mod:`slurm_ft.core.layout`). The checkpoint dir must be on a filesystem all ranks share.
 
 The dir belongs to one run (``CheckpointConfig.run_id``, by default the Slurm job id): its identity goes into
 every manifest and the dir's ``OWNER`` file; another run's dir is refused unless ``adopt``, and retention never
@@ -15,7 +15,7 @@ commits. At most one save is in flight (the next save waits for it: back-pressur
 run on two gloo groups of its own: ``ctl`` for the main thread's small agreements, ``ckpt`` for the one thread
 doing DCP I/O, so they never interleave with each other or with training collectives (any backend).
 
-``every="auto"`` picks the interval in seconds (Young/Daly, :mod:`slurm_ft.interval`) from the measured save
+``every="auto"`` picks the interval in seconds (Young/Daly, :mod:`slurm_ft.train.interval`) from the measured save
 cost and the observed failure rate. Rank 0 alone keeps the estimator and decides from its own clock; the
 decision rides on the small all-reduce the manager already does for emergency signals, so every rank saves at the
 same step without an extra collective.
@@ -50,13 +50,14 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from slurm_ft import env
-from slurm_ft.budget import NOT_FAULTS
-from slurm_ft.config import require
-from slurm_ft.errors import ConfigError, SlurmFtError
-from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig
+from slurm_ft.core import env
+from slurm_ft.core.budget import NOT_FAULTS
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import ConfigError, SlurmFtError
+from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.slurm.types import JobState
-from slurm_ft.train import gloo_exit, layout, records
+from slurm_ft.train import gloo_exit
+from slurm_ft.core import layout, rundir as records
 from slurm_ft.train.console import show_progress
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
@@ -163,7 +164,7 @@ class CheckpointConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CheckpointConfig:
         """Build from SLURM_FT_CKPT_DIR / SLURM_FT_CKPT_EVERY / SLURM_FT_CKPT_ADOPT and the run identity
-        (env precedence in slurm_ft.env); overrides win."""
+        (env precedence in slurm_ft.core.env); overrides win."""
         values: dict[str, Any] = {}
         ckpt_dir = env.job_setting(env.CKPT_DIR, environ)
         if ckpt_dir is not None:
@@ -276,7 +277,7 @@ class CheckpointManager:
     (a stateful sampler or loader); ``extra_state``: more such objects by name. Both are saved per rank.
     ``clock``: monotonic seconds, for the auto interval's decisions and exposure (tests inject one).
 
-    In auto mode rank 0 holds the interval estimator (:class:`slurm_ft.interval.AdaptiveInterval`): it measures
+    In auto mode rank 0 holds the interval estimator (:class:`slurm_ft.train.interval.AdaptiveInterval`): it measures
     each committed save (stall as the cost, total as the write time) and the run time as exposure, carries the
     estimator in its local state of every checkpoint, and on resume counts one failure unless that checkpoint
     was an emergency save (see :meth:`_restore_interval` for what this misses).

@@ -1,4 +1,4 @@
-"""Per-rank error files: ``record_errors`` writes error.rank<R>.json (slurm_ft.train.records) and re-raises."""
+"""Per-rank error files: ``record_errors`` writes error.rank<R>.json (slurm_ft.core.rundir) and re-raises."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 
-from slurm_ft.train import records
+from slurm_ft.core import rundir as records
 
 
 class StepTracker:

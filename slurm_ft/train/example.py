@@ -13,7 +13,7 @@ run's dir is refused unless --ckpt-adopt. A run whose last save failed exits non
 
 Fault injection by RANK:STEP fires when this run reaches STEP without having resumed at or past it; so a run
 that resumes from an earlier checkpoint fires it again (give the flag on the first attempt only, see
-slurm_ft.faults.first_attempt_only). --fail-at raises InjectedFault (user code), --crash-at SIGKILLs the rank,
+slurm_ft.lab.faults.first_attempt_only). --fail-at raises InjectedFault (user code), --crash-at SIGKILLs the rank,
 --hang-at stops making progress, --signal-at sends the rank SIGUSR1 (as Slurm's --signal does).
 
 The last stdout line of rank 0 is ``{"step": N, "param_sha256": "...", ...}`` (sha256 over all full parameters).
@@ -35,10 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from slurm_ft import env
-from slurm_ft.interval import AdaptiveIntervalConfig
+from slurm_ft.core import env
+from slurm_ft.train.interval import AdaptiveIntervalConfig
 from slurm_ft.slurm.parsers import expand_hostlist
-from slurm_ft.train import records, topology
+from slurm_ft.core import rundir as records
+from slurm_ft.train import topology
 from slurm_ft.train.checkpoint import (AGREE_EVERY_S, AUTO, AUTO_MIN_INTERVAL_S, EMERGENCY_DEADLINE_S,
                                       CheckpointConfig, CheckpointManager)
 from slurm_ft.train.errors import StepTracker, record_errors
@@ -138,7 +139,7 @@ def rendezvous_env(environ) -> None:
     """Fill MASTER_ADDR/MASTER_PORT for srun without a launcher: the step's first node (rank 0 runs there),
     resolved as the launcher does; the port derived from the job id."""
     if not environ.get("MASTER_ADDR"):
-        from slurm_ft.launch import master_addr
+        from slurm_ft.launch.launcher import master_addr
         nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST", "")) or topology.allocated_nodes(environ)
         environ["MASTER_ADDR"] = master_addr(nodes[0], environ) if nodes else "127.0.0.1"
     if not environ.get("MASTER_PORT"):

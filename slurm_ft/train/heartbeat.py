@@ -1,4 +1,4 @@
-"""Per-rank heartbeat files (format in slurm_ft.train.records): progress from the training loop, liveness from a
+"""Per-rank heartbeat files (format in slurm_ft.core.rundir): progress from the training loop, liveness from a
 thread.
 
 ``beat(step)`` after each step records progress (``step``, ``time``; the file is rewritten at most every
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from slurm_ft.train import records
+from slurm_ft.core import rundir as records
 
 DEFAULT_LIVENESS_S = 2.0
 log = logging.getLogger(__name__)

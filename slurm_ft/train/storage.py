@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 import torch.utils.serialization
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from slurm_ft.train import layout
+from slurm_ft.core import layout
 
 log = logging.getLogger("slurm_ft.train.storage")
 

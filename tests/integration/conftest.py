@@ -21,7 +21,7 @@ import pytest
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from slurm_ft import env as ft_env  # noqa: E402
+from slurm_ft.core import env as ft_env  # noqa: E402
 from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_prerequisites  # noqa: E402
 
 LAB_NODES = 4

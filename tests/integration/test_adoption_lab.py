@@ -14,7 +14,7 @@ import pytest
 
 from labutil import cancel, jobs_dir, output_of, submit, wait_job
 
-from slurm_ft.monitor import latest_step
+from slurm_ft.cluster.monitor import latest_step
 from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab
@@ -96,7 +96,7 @@ def test_a_lab_job_registers_inside_the_lab(lab):
     import subprocess
     import time
 
-    from slurm_ft.env import DEFAULT_STATE_DIR
+    from slurm_ft.core.env import DEFAULT_STATE_DIR
 
     exported = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "env", "--dir", str(lab.dir)],
                               capture_output=True, text=True, check=True).stdout

@@ -19,7 +19,7 @@ from torch import nn
 import torch.utils.serialization
 from torch.distributed.checkpoint.filesystem import FileSystem
 
-from slurm_ft.train import layout
+from slurm_ft.core import layout
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager, FileStorage
 from slurm_ft.train.storage import HashingFileSystem, HashingWriter
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_ft.demo import DemoConfig, run_demo
-from slurm_ft.faults import read_events
-from slurm_ft.train.records import read_ends
+from slurm_ft.bench.demo import DemoConfig, run_demo
+from slurm_ft.lab.faults import read_events
+from slurm_ft.core.rundir import read_ends
 
 pytestmark = pytest.mark.lab
 

@@ -12,7 +12,7 @@ from labutil import cancel, output_of, submit, wait_for, wait_job
 
 pytestmark = pytest.mark.lab
 
-PROBE = ("import json, os, time; from slurm_ft.launch_probe import ProbeConfig, probe_nodes; "
+PROBE = ("import json, os, time; from slurm_ft.launch.probe import ProbeConfig, probe_nodes; "
          "from slurm_ft.slurm.parsers import expand_hostlist; "
          "nodes = expand_hostlist(os.environ['SLURM_JOB_NODELIST']); t = time.monotonic(); "
          "healthy = probe_nodes(nodes, os.environ, ProbeConfig(timeout_s=5)); took = time.monotonic() - t; "

@@ -15,9 +15,9 @@ import pytest
 from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, torchrun_reference_sha,
                       wait_for, wait_job)
 
-from slurm_ft.monitor import latest_step, parse_resume_step
+from slurm_ft.cluster.monitor import latest_step, parse_resume_step
 from slurm_ft.slurm.types import JobState
-from slurm_ft.train.records import read_heartbeats
+from slurm_ft.core.rundir import read_heartbeats
 
 pytestmark = pytest.mark.lab
 

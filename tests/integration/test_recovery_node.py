@@ -30,9 +30,9 @@ import pytest
 from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, torchrun_reference_sha,
                       wait_for, wait_job)
 
-from slurm_ft.faults import crash_node, signal_rank
-from slurm_ft.monitor import parse_resume_step
-from slurm_ft.train.records import read_ends, read_heartbeats
+from slurm_ft.lab.faults import crash_node, signal_rank
+from slurm_ft.cluster.monitor import parse_resume_step
+from slurm_ft.core.rundir import read_ends, read_heartbeats
 
 pytestmark = pytest.mark.lab
 
@@ -61,12 +61,12 @@ class OnlyJobs:
 
 
 class MonitorThread:
-    """``slurm_ft.monitor.Monitor`` polling every second over the lab's site state dir, with its quarantine."""
+    """``slurm_ft.cluster.monitor.Monitor`` polling every second over the lab's site state dir, with its quarantine."""
 
     def __init__(self, lab) -> None:
         from slurm_ft.classify import classify
-        from slurm_ft.monitor import Monitor, MonitorConfig
-        from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+        from slurm_ft.cluster.monitor import Monitor, MonitorConfig
+        from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
 
         self.state = lab.state_dir
         self.job_ids: set[int] = set()

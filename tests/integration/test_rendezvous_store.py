@@ -1,4 +1,4 @@
-"""The launcher's rendezvous store (slurm_ft.train.store) with real gloo ranks connecting as torch's clients."""
+"""The launcher's rendezvous store (slurm_ft.launch.store) with real gloo ranks connecting as torch's clients."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import pytest
 from torch.distributed import TCPStore
 
-from slurm_ft.train.store import StoreKeeper
+from slurm_ft.launch.store import StoreKeeper
 
 RANK = textwrap.dedent("""
     import os, sys, time

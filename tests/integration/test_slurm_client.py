@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from labutil import cancel, lab_env, output_of, submit, wait_for, wait_job
 
-from slurm_ft.errors import SlurmCommandError
+from slurm_ft.core.errors import SlurmCommandError
 from slurm_ft.slurm.backend import backend_for
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.formats import release

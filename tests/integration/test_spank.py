@@ -8,7 +8,7 @@ import sys
 import pytest
 from labutil import jobs_dir, lab_env, output_of, submit, wait_job
 
-from slurm_ft import env
+from slurm_ft.core import env
 from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab

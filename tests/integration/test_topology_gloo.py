@@ -9,7 +9,7 @@ import time
 import pytest
 import torch.multiprocessing as mp
 
-from slurm_ft.train import records
+from slurm_ft.core import rundir as records
 
 pytestmark = pytest.mark.gloo
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from slurm_ft import cli
-from slurm_ft.admin import (AdminError, InstallConfig, edit_plugstack, edit_slurm_conf, install, lab_install,
+from slurm_ft.cluster.admin import (AdminError, InstallConfig, edit_plugstack, edit_slurm_conf, install, lab_install,
                             render_wrapper, slurm_conf_settings)
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_cc = pytest.mark.skipif(shutil.which("make") is None or shutil.which("cc") is None
@@ -68,7 +68,7 @@ def test_wrappers_put_the_installed_slurms_commands_first_on_path(kind, tmp_path
     """slurmd runs hooks with its own PATH, where a 22.05 scontrol could answer for a 25.11 cluster (and fail)."""
     text = render_wrapper((ROOT / kind).read_text(), python="/usr/bin/python3", config=tmp_path / "c.toml",
                           slurm_bin=Path("/opt/slurm-25.11/bin"))
-    head = text.split("from slurm_ft.hooks import main")[0]
+    head = text.split("from slurm_ft.cluster.hooks import main")[0]
     scope = {"__name__": "wrapper"}
     env = {"PATH": "/usr/bin"}
     exec(compile(head.replace("os.environ", "ENV"), kind, "exec"), {**scope, "ENV": env})  # noqa: S102
@@ -186,8 +186,8 @@ def test_settings_cover_what_the_prolog_needs() -> None:
 
 
 def test_the_site_default_checkpoint_dir_goes_on_the_plugstack_line(tmp_path):
-    from slurm_ft.admin import InstallConfig, plugstack_line
-    from slurm_ft.errors import ConfigError
+    from slurm_ft.cluster.admin import InstallConfig, plugstack_line
+    from slurm_ft.core.errors import ConfigError
 
     cfg = InstallConfig(prefix=tmp_path, default_ckpt_dir=Path("/scratch/ckpt"))
     assert plugstack_line(cfg) == f"required {tmp_path}/lib/slurm-ft/slurm_ft_spank.so default_ckpt_dir=/scratch/ckpt"

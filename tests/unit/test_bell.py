@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from slurm_ft.launch import node_addr
-from slurm_ft.train.bell import ENV, MIN_GAP_S, Bell, ring
+from slurm_ft.launch.launcher import node_addr
+from slurm_ft.launch.bell import ENV, MIN_GAP_S, Bell, ring
 
 
 def test_a_ring_ends_the_wait_at_once_and_silence_waits_it_out():

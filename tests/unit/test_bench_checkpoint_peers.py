@@ -5,7 +5,7 @@ import json
 import pytest
 
 from slurm_ft.bench import ckpt_peers as cp
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 INFOS = [cp.SystemInfo(cp.MEMCPY, "limit", False, "-"), cp.SystemInfo(cp.DISK, "limit", False, "-"),
          cp.SystemInfo(cp.OURS_ASYNC, "ours", True, "crc32"), cp.SystemInfo("peer a", "peer", True, "no"),

@@ -9,8 +9,8 @@ import pytest
 
 from slurm_ft.bench import lab
 from slurm_ft.bench.lab_jobs import JobSpec, SlurmFtKnobs, System, Workload, batch_script, sbatch_argv, trainer_argv
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.faults import is_trainer
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.lab.faults import is_trainer
 
 
 def _spec(system, nodes=2, **workload):
@@ -195,7 +195,7 @@ def test_measured_costs_are_in_the_simulators_terms():
 
 
 def test_the_baselines_interval_is_young_daly_for_their_own_cost():
-    from slurm_ft.interval import young_daly_interval
+    from slurm_ft.train.interval import young_daly_interval
 
     assert lab.baseline_interval_steps(0.2, 300.0, 0.5) == round(young_daly_interval(0.2, 300.0) / 0.5)
     assert lab.baseline_interval_steps(None, 300.0, 0.5) == round(young_daly_interval(1.0, 300.0) / 0.5)

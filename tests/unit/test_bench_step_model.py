@@ -5,7 +5,7 @@ import math
 import pytest
 
 from slurm_ft.bench import step_model as sm
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 
 def test_fit_recovers_a_tree_and_a_ring_exactly():

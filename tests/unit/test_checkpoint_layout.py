@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from slurm_ft.train import layout
+from slurm_ft.core import layout
 
 
 def _publish(root, step, payload=b"data", run_id=None):

@@ -13,7 +13,7 @@ import pytest
 from slurm_ft.classify.cli import parse_log_spec
 from slurm_ft.cli import main
 from slurm_ft.health.records import NodeReport
-from slurm_ft.train.records import ErrorRecord, write_error
+from slurm_ft.core.rundir import ErrorRecord, write_error
 
 KEYERROR = "Traceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'labels'\n"
 XID79 = "[12.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"

@@ -10,7 +10,7 @@ from slurm_ft.classify import Category, classify
 from slurm_ft.classify.engine import last_user_frame
 from slurm_ft.classify.records import UNKNOWN_RANK, Evidence, elastic_error_dict, error_record_from_dict
 from slurm_ft.cli import main
-from slurm_ft.train.records import ErrorRecord, RankEnd, RankState
+from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 
 STACK = ('Traceback (most recent call last):\n'
          '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/'

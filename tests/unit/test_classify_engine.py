@@ -11,7 +11,7 @@ from slurm_ft.classify import (Action, Category, Evidence, JobEnd, LogTail, Node
 from slurm_ft.classify.engine import explain, victims_view
 from slurm_ft.health.records import GpuHealth, NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
-from slurm_ft.train.records import ErrorRecord
+from slurm_ft.core.rundir import ErrorRecord
 
 REMOTE = "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely."
 

@@ -2,8 +2,8 @@
 
 from slurm_ft.classify import classify
 from slurm_ft.classify.records import Evidence, JobEnd
-from slurm_ft.classify.taxonomy import Action, Category
-from slurm_ft.train.records import ErrorRecord
+from slurm_ft.core.taxonomy import Action, Category
+from slurm_ft.core.rundir import ErrorRecord
 
 PEER_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234"
 

@@ -9,8 +9,8 @@ import pytest
 from slurm_ft.classify import Action, Category, Evidence, JobEnd, LogTail, classify, load_rules, xid_info
 from slurm_ft.classify.rules import SHIPPED_RULES, build_rules, default_rules
 from slurm_ft.classify.xid import XidKind, load_xid_table
-from slurm_ft.config import SiteConfig
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.config import SiteConfig
+from slurm_ft.core.errors import ConfigError
 
 
 def _write(tmp_path, text, name="site.toml"):

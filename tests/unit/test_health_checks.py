@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft import env
-from slurm_ft.classify.taxonomy import Category
-from slurm_ft.errors import ConfigError
+from slurm_ft.core import env
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.health import checks
 from slurm_ft.health.checks import HealthConfig, judge_nvml
 from slurm_ft.health.nvml import NvmlProbe

@@ -11,7 +11,7 @@ import pytest
 
 from slurm_ft.health.jobfiles import (FileLimits, UnsafePath, latest_committed_step, open_user_dir, read_error_files,
                                       read_user_file)
-from slurm_ft.train.records import ErrorRecord, write_error
+from slurm_ft.core.rundir import ErrorRecord, write_error
 
 UID = os.getuid()
 

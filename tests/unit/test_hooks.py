@@ -13,10 +13,10 @@ from slurm_ft.health.kmsg import TextLines
 from slurm_ft.health.nvml import NvmlProbe
 from slurm_ft.health.nvml_fake import FakeNvml
 from slurm_ft.health.records import NodeReport
-from slurm_ft.hooks import Deps, JobContext, bounded, run_hook
-from slurm_ft.quarantine import NodeState, Quarantine, QuarantineStore
+from slurm_ft.cluster.hooks import Deps, JobContext, bounded, run_hook
+from slurm_ft.cluster.quarantine import NodeState, Quarantine, QuarantineStore
 from slurm_ft.slurm.types import NodeInfo
-from slurm_ft.train.records import ErrorRecord, write_error
+from slurm_ft.core.rundir import ErrorRecord, write_error
 
 DATA = Path(__file__).parent.parent / "data" / "nvml"
 
@@ -116,7 +116,7 @@ def test_an_ft_job_is_registered_for_the_monitor(lab: Env) -> None:
 
 
 def test_the_registration_carries_no_requeue_to_the_monitor(lab: Env) -> None:
-    from slurm_ft.monitor import FtJob, read_registration
+    from slurm_ft.cluster.monitor import FtJob, read_registration
     from slurm_ft.slurm.types import JobInfo
 
     assert lab.run("prolog", job_env(SPANK_FT_ENABLED="1", SPANK_FT_CKPT_DIR="/ckpt/x",
@@ -325,8 +325,8 @@ def test_a_checkpoint_dir_that_is_no_utf8_does_not_stop_the_epilog_from_quaranti
     """os.environ keeps a non-UTF-8 path as surrogates; the hooks' log file wrote it strictly and raised."""
     from dataclasses import replace
 
-    from slurm_ft.config import load_site_config
-    from slurm_ft.hooks import Settings, _file_logger
+    from slurm_ft.core.config import load_site_config
+    from slurm_ft.cluster.hooks import Settings, _file_logger
 
     settings = Settings.load(load_site_config(str(lab.config)))
     real_log = _file_logger(settings)

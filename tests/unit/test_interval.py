@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from slurm_ft.errors import ConfigError
-from slurm_ft.interval import AdaptiveInterval, AdaptiveIntervalConfig, young_daly_interval, young_interval
+from slurm_ft.core.errors import ConfigError
+from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig, young_daly_interval, young_interval
 
 
 def test_daly_approaches_young_for_cheap_checkpoints():

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from slurm_ft.classify.taxonomy import Action, Category, Verdict
-from slurm_ft.launch import (EX_TEMPFAIL, HangWatch, LaunchConfig, Launcher, choose_nodes, config_from_args,
+from slurm_ft.core.taxonomy import Action, Category, Verdict
+from slurm_ft.launch.launcher import (EX_TEMPFAIL, HangWatch, LaunchConfig, Launcher, choose_nodes, config_from_args,
                              register, unhealthy)
 from slurm_ft.slurm.types import NodeInfo
 from slurm_ft.classify import classify
-from slurm_ft.train.records import (ErrorRecord, Heartbeat, RankEnd, RankState, write_end, write_error,
+from slurm_ft.core.rundir import (ErrorRecord, Heartbeat, RankEnd, RankState, write_end, write_error,
                                     write_heartbeat, write_rank_state)
 
 
@@ -104,7 +104,7 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     # the launcher ends a failed step itself (srun's kill on a bad exit would leave the ranks to KillWait)
     assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2",
                         "--kill-on-bad-exit=0"]
-    assert argv[-6:] == [sys.executable, "-m", "slurm_ft.launch_rank", "--", "python", "train.py"]
+    assert argv[-6:] == [sys.executable, "-m", "slurm_ft.launch.rank", "--", "python", "train.py"]
     assert env["MASTER_PORT"] == "29500" and env["SLURM_FT_RUN_DIR"] == str(run)
     assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1" and env["MASTER_ADDR"]
     assert env["SLURM_FT_RESUME_STEP"] == "7"
@@ -454,7 +454,7 @@ def test_no_spare_and_slurm_never_declares_gives_up_after_the_wait(tmp_path):
 
 
 def test_a_stop_puts_the_verdict_in_the_comment_while_the_job_still_runs(tmp_path):
-    from slurm_ft.monitor import parse_launcher_stop
+    from slurm_ft.cluster.monitor import parse_launcher_stop
 
     run = tmp_path / "run"
     error = ErrorRecord(rank=1, time=5.0, exc_type="ZeroDivisionError", message="division by zero", step=4)
@@ -519,8 +519,8 @@ def test_a_restart_does_not_wait_for_a_slow_comment_update_and_the_exit_does(tmp
 
 
 def test_a_failing_comment_update_is_reported_and_the_next_one_still_goes(tmp_path):
-    from slurm_ft.errors import SlurmFtError
-    from slurm_ft.launch import CommentWriter
+    from slurm_ft.core.errors import SlurmFtError
+    from slurm_ft.launch.launcher import CommentWriter
 
     written, errors = [], []
 
@@ -538,7 +538,7 @@ def test_a_failing_comment_update_is_reported_and_the_next_one_still_goes(tmp_pa
 
 
 def test_a_job_submitted_with_ft_is_registered_by_the_prolog_not_by_the_launcher(tmp_path, monkeypatch):
-    from slurm_ft.launch import _register_with_monitor
+    from slurm_ft.launch.launcher import _register_with_monitor
 
     monkeypatch.setenv("SLURM_FT_STATE_DIR", str(tmp_path / "elsewhere"))  # not the lab's or site's state dir
     monkeypatch.setenv("SLURM_FT_CONFIG", str(tmp_path / "none.toml"))
@@ -554,7 +554,7 @@ def test_without_rank_records_the_command_runs_bare(tmp_path):
     launcher, runner, _ = make(tmp_path, [Script(tmp_path / "run")], rank_records=False)
     assert launcher.run() == 0
     argv = runner.calls[0][0]
-    assert argv[-2:] == ["python", "train.py"] and "slurm_ft.launch_rank" not in argv
+    assert argv[-2:] == ["python", "train.py"] and "slurm_ft.launch.rank" not in argv
     assert "--kill-on-bad-exit=1" in argv  # no end records to see a rank fail by: srun's kill is the quick one
     assert "SLURM_FT_BELL" not in runner.calls[0][1]  # no wrapper to ring it
 
@@ -673,7 +673,7 @@ def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(t
     (first, first_env), (argv, _), (_, second_env) = runner.calls
     assert argv[:8] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap",
                         "--no-kill", "--kill-on-bad-exit=0"]
-    assert argv[8:] == ["python3", "-m", "slurm_ft.train.standby", "--python", "python3"]
+    assert argv[8:] == ["python3", "-m", "slurm_ft.launch.standby", "--python", "python3"]
     assert "SLURM_FT_STANDBY" not in first_env and second_env["SLURM_FT_STANDBY"] == "python3"
     assert standby.signals == [signal.SIGUSR2] and not standby.killed  # ended quietly with the launcher
     assert [e["event"] for e in events(tmp_path)].count("standby_start") == 1
@@ -693,7 +693,7 @@ def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_pat
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
                         clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
-    [standby_step] = [argv for argv, _ in runner.calls if "slurm_ft.train.standby" in argv]
+    [standby_step] = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert standby_step[1:5] == ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"]
     assert "--no-kill" in standby_step
     assert "--nodelist=n1,n3" in runner.calls[3][0] and runner.calls[3][1]["SLURM_FT_STANDBY"] == "python3"
@@ -717,7 +717,7 @@ def test_nodes_whose_standby_step_ended_get_a_new_one_without_the_bad_node(tmp_p
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
                         clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
-    steps = [argv for argv, _ in runner.calls if "slurm_ft.train.standby" in argv]
+    steps = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert [a[4] for a in steps] == ["--nodelist=n1,n2,n3", "--nodelist=n1,n3"]  # not on the bad node n2
     assert second.signals == [signal.SIGUSR2] and first.signals == []  # an ended step gets no stop signal
 
@@ -802,7 +802,7 @@ def test_an_attempt_without_a_store_falls_back_to_rank_0_and_drops_the_switch(tm
 def test_the_launcher_holds_the_store_only_where_every_rank_can_use_it(argv, environ, held):
     import argparse
 
-    from slurm_ft.launch import store_keeper
+    from slurm_ft.launch.launcher import store_keeper
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="cmd"))
@@ -810,7 +810,7 @@ def test_the_launcher_holds_the_store_only_where_every_rank_can_use_it(argv, env
     keeper = store_keeper(config, ["n1", "n2"], environ)
     assert (keeper is not None) == held
     if held:
-        from slurm_ft.launch import master_addr
+        from slurm_ft.launch.launcher import master_addr
 
         assert keeper.python == "python" and keeper.addr == master_addr("n1", {})  # the launcher's own node
 

@@ -1,4 +1,4 @@
-"""Configuration mistakes stop the job before the first attempt, as ``config`` (slurm_ft.launch_checks)."""
+"""Configuration mistakes stop the job before the first attempt, as ``config`` (slurm_ft.launch.checks)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from slurm_ft.errors import ConfigError
-from slurm_ft.launch_checks import check_nodes, preflight, refuse
-from slurm_ft.monitor import parse_launcher_stop
+from slurm_ft.core.errors import ConfigError
+from slurm_ft.launch.checks import check_nodes, preflight, refuse
+from slurm_ft.cluster.monitor import parse_launcher_stop
 
 
 def _preflight(tmp_path, command=("python", "t.py"), allocation=("n1", "n2"), nodes=None, spare=0, tasks=1, **env):
@@ -41,7 +41,7 @@ def test_ft_without_a_checkpoint_dir_and_an_unusable_one_are_refused(tmp_path):
 def test_a_read_only_checkpoint_dir_is_refused(tmp_path, monkeypatch):
     import errno
 
-    from slurm_ft import launch_checks
+    from slurm_ft.launch import checks as launch_checks
 
     def read_only(path, *args, **kwargs):  # a read-only mount (root ignores mode bits, so no chmod here)
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))

@@ -1,4 +1,4 @@
-"""The torch.distributed variables every rank gets, and torchrun under the launcher (slurm_ft.launch_env)."""
+"""The torch.distributed variables every rank gets, and torchrun under the launcher (slurm_ft.launch.rank_env)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from slurm_ft.errors import ConfigError
-from slurm_ft.launch_env import check_torchrun, is_torchrun, torchrun_options, wire
+from slurm_ft.core.errors import ConfigError
+from slurm_ft.launch.rank_env import check_torchrun, is_torchrun, torchrun_options, wire
 
 
 def test_every_rank_gets_rank_world_size_local_rank_and_the_rendezvous():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from slurm_ft.faults import Fault, Recovery, ettr, first_attempt_only, summarize, trainer_flags
-from slurm_ft.train.records import Heartbeat, write_heartbeat
+from slurm_ft.lab.faults import Fault, Recovery, ettr, first_attempt_only, summarize, trainer_flags
+from slurm_ft.core.rundir import Heartbeat, write_heartbeat
 
 
 def test_trainer_flags():
@@ -41,7 +41,7 @@ def test_summarize_clean_run(tmp_path):
 
 
 def test_fault_timing_across_a_restart_in_place():
-    from slurm_ft.faults import fault_timing
+    from slurm_ft.lab.faults import fault_timing
 
     events = [{"event": "attempt_start", "time": 100.0, "attempt": 1, "resume_step": None},
               {"event": "first_step", "time": 107.0, "attempt": 1, "step": 1},
@@ -55,7 +55,7 @@ def test_fault_timing_across_a_restart_in_place():
 
 
 def test_fault_timing_when_the_launcher_died_with_its_node():
-    from slurm_ft.faults import fault_timing
+    from slurm_ft.lab.faults import fault_timing
 
     events = [{"event": "attempt_start", "time": 100.0, "attempt": 1, "resume_step": None},
               {"event": "attempt_start", "time": 170.0, "attempt": 1, "resume_step": 8},  # after the requeue

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from slurm_ft.launch_hang import UNREAD, helper_argv, inspect_node, rank_states
-from slurm_ft.train.records import Heartbeat, RankState, read_rank_states
+from slurm_ft.launch.hang import UNREAD, helper_argv, inspect_node, rank_states
+from slurm_ft.core.rundir import Heartbeat, RankState, read_rank_states
 
 TRAINER = """
 import sys, time
@@ -60,7 +60,7 @@ def test_rank_states_merge_node_reports_heartbeats_and_liveness():
 def test_helper_runs_one_task_per_node_beside_the_step(tmp_path):
     argv = helper_argv(["n1", "n2"], tmp_path)
     assert argv[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap"]
-    assert argv[-4:] == ["-m", "slurm_ft.launch_hang", "--run-dir", str(tmp_path)]
+    assert argv[-4:] == ["-m", "slurm_ft.launch.hang", "--run-dir", str(tmp_path)]
 
 
 FAULTHANDLER_WAITING = """Thread 0x00007f624dffb6c0 (most recent call first):
@@ -88,7 +88,7 @@ Thread 4242 (idle): "MainThread"
 
 
 def test_main_thread_in_collective_reads_faulthandler_and_pyspy_dumps():
-    from slurm_ft.launch_hang import main_thread_in_collective
+    from slurm_ft.launch.hang import main_thread_in_collective
 
     assert main_thread_in_collective(FAULTHANDLER_WAITING) is True
     assert main_thread_in_collective(FAULTHANDLER_LOADING) is False  # the heartbeat thread alone is no collective

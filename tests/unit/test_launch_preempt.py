@@ -1,4 +1,4 @@
-"""The launcher on SIGUSR1/SIGTERM (slurm_ft.launch_preempt) and the one restart budget (slurm_ft.budget)."""
+"""The launcher on SIGUSR1/SIGTERM (slurm_ft.launch.preempt) and the one restart budget (slurm_ft.core.budget)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import signal
 
 from tests.unit.test_launch import Script, events, make
 
-from slurm_ft.budget import Budget, counts, with_counts
-from slurm_ft.launch import EX_TEMPFAIL
-from slurm_ft.launch_preempt import PreemptConfig, SignalLatch, parse_kill_wait
+from slurm_ft.core.budget import Budget, counts, with_counts
+from slurm_ft.launch.launcher import EX_TEMPFAIL
+from slurm_ft.launch.preempt import PreemptConfig, SignalLatch, parse_kill_wait
 from slurm_ft.train.checkpoint import CheckpointConfig
 
 
@@ -68,7 +68,7 @@ def test_sigterm_waits_within_killwait_and_leaves_the_requeue_to_slurm(tmp_path)
 
 
 def test_a_refused_requeue_leaves_it_to_the_monitor(tmp_path):
-    from slurm_ft.errors import SlurmCommandError
+    from slurm_ft.core.errors import SlurmCommandError
 
     def refuse():
         raise SlurmCommandError("scontrol requeue: Requested operation is presently disabled")
@@ -125,9 +125,9 @@ def test_in_place_restarts_of_earlier_runs_count_against_the_budget(tmp_path):
 
 
 def test_the_monitor_counts_the_same_budget():
-    from slurm_ft.classify.taxonomy import Action, Category, Verdict
-    from slurm_ft.monitor import decide
-    from slurm_ft.registry import FtJob
+    from slurm_ft.core.taxonomy import Action, Category, Verdict
+    from slurm_ft.cluster.monitor import decide
+    from slurm_ft.core.registry import FtJob
     from slurm_ft.slurm.types import JobInfo, JobState
 
     verdict = Verdict(category=Category.HANG, recoverable=True, action=Action.REQUEUE)

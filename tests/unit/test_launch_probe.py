@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_ft.errors import ConfigError
-from slurm_ft.launch_probe import ProbeConfig, fan_out_argv, probe_argv, probe_nodes
+from slurm_ft.core.errors import ConfigError
+from slurm_ft.launch.probe import ProbeConfig, fan_out_argv, probe_argv, probe_nodes
 
 
 class FakeProc:

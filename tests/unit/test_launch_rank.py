@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from slurm_ft.launch_rank import end_record, is_agent, oom_kills
-from slurm_ft.train.records import read_ends
+from slurm_ft.launch.rank import end_record, is_agent, oom_kills
+from slurm_ft.core.rundir import read_ends
 
 
 def _wrapped(tmp_path, code: str, rank: str = "1") -> subprocess.CompletedProcess:
     env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": rank, "SLURMD_NODENAME": "n7"}
     env.pop("RANK", None)
-    return subprocess.run([sys.executable, "-m", "slurm_ft.launch_rank", "--", sys.executable, "-c", code],
+    return subprocess.run([sys.executable, "-m", "slurm_ft.launch.rank", "--", sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -46,7 +46,7 @@ def test_a_clean_exit_keeps_no_tail(tmp_path):
 
 def test_a_missing_command_exits_127_like_a_shell(tmp_path):
     env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "0"}
-    done = subprocess.run([sys.executable, "-m", "slurm_ft.launch_rank", "--", "/nonexistent/train"], env=env,
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.launch.rank", "--", "/nonexistent/train"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 127 and "/nonexistent/train" in done.stderr
 
@@ -54,7 +54,7 @@ def test_a_missing_command_exits_127_like_a_shell(tmp_path):
 def test_sigterm_to_the_step_reaches_the_child_and_the_wrapper_records_it(tmp_path):
     """Slurm signals every process of a step: the wrapper outlives SIGTERM, the child dies of it."""
     env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "2"}
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.launch_rank", "--", sys.executable, "-c",
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.launch.rank", "--", sys.executable, "-c",
                              "import sys, time; print('up', flush=True); time.sleep(60)"],
                             env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stdout.readline() == "up\n"
@@ -95,7 +95,7 @@ def test_the_child_inherits_the_tasks_descriptors(tmp_path):
     read_fd, write_fd = os.pipe()
     os.set_inheritable(write_fd, True)
     env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "0"}
-    done = subprocess.run([sys.executable, "-m", "slurm_ft.launch_rank", "--", sys.executable, "-c",
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.launch.rank", "--", sys.executable, "-c",
                            f"import os; os.write({write_fd}, b'through')"], env=env, pass_fds=(write_fd,),
                           timeout=60, check=False)
     os.close(write_fd)
@@ -104,14 +104,14 @@ def test_the_child_inherits_the_tasks_descriptors(tmp_path):
 
 
 def test_a_bad_end_rings_the_launchers_bell_and_a_clean_one_does_not(tmp_path):
-    from slurm_ft.train.bell import ENV, Bell
+    from slurm_ft.launch.bell import ENV, Bell
 
     bell = Bell("127.0.0.1")
     try:
         env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "5", ENV: bell.address}
         env.pop("RANK", None)
         for code, rings in (("import sys; sys.exit(0)", False), ("import sys; sys.exit(2)", True)):
-            subprocess.run([sys.executable, "-m", "slurm_ft.launch_rank", "--", sys.executable, "-c", code],
+            subprocess.run([sys.executable, "-m", "slurm_ft.launch.rank", "--", sys.executable, "-c", code],
                            env=env, capture_output=True, timeout=60, check=False)
             assert bell.wait(0.5) is rings, code
     finally:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from slurm_ft.cli import main
-from slurm_ft.report import LOST, attempts, format_report
+from slurm_ft.launch.report import LOST, attempts, format_report
 
 EVENTS = [
     {"event": "attempt_start", "time": 100.0, "attempt": 1, "nodes": ["n1", "n2"], "resume_step": None},

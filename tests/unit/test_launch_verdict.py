@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from slurm_ft.classify import classify
-from slurm_ft.launch_verdict import attempt_evidence, paragraph, root_cause
-from slurm_ft.train.records import ErrorRecord, RankEnd, RankState, write_end, write_error
+from slurm_ft.launch.verdict import attempt_evidence, paragraph, root_cause
+from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState, write_end, write_error
 
 
 def test_the_root_cause_of_a_user_error_is_its_first_line_not_the_peers(tmp_path):

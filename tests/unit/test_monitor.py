@@ -10,13 +10,13 @@ import urllib.request
 
 import pytest
 
-from slurm_ft.classify.taxonomy import Action, Category, Culprit, Verdict
-from slurm_ft.errors import SlurmCommandError, SlurmFtError
-from slurm_ft.metrics import Metrics, serve
-from slurm_ft.monitor import (FtJob, Monitor, MonitorConfig, parse_restart_cause, parse_resume_step,
+from slurm_ft.core.taxonomy import Action, Category, Culprit, Verdict
+from slurm_ft.core.errors import SlurmCommandError, SlurmFtError
+from slurm_ft.cluster.metrics import Metrics, serve
+from slurm_ft.cluster.monitor import (FtJob, Monitor, MonitorConfig, parse_restart_cause, parse_resume_step,
                               read_registration, registry_path, require_actor, stop_comment, write_registration)
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo
-from slurm_ft.train.records import ErrorRecord, run_dir_for, write_error
+from slurm_ft.core.rundir import ErrorRecord, run_dir_for, write_error
 
 UID = os.geteuid()
 
@@ -108,7 +108,7 @@ def register_job(state, tmp_path, job_id=100, max_restarts=3):
 
 
 def commit_step(ckpt, step):
-    from slurm_ft.train import layout
+    from slurm_ft.core import layout
 
     d = layout.step_dir(ckpt, step)
     d.mkdir(parents=True)
@@ -282,7 +282,7 @@ def test_bad_job_is_logged_and_the_poll_goes_on(state, tmp_path, caplog):
     register_job(state, tmp_path, job_id=2)
     registry_path(state, 1).write_text("{not json")
     client = FakeClient([failed(job_id=1), failed(job_id=2)])
-    with caplog.at_level("INFO", logger="slurm_ft.monitor"):
+    with caplog.at_level("INFO", logger="slurm_ft.cluster.monitor"):
         make(state, client).poll_once()
     assert ("requeue", 2, True) in client.calls
     events = [json.loads(r.getMessage()) for r in caplog.records]
@@ -508,9 +508,9 @@ def test_nodes_are_this_runs_after_a_requeue(state, tmp_path):
 def test_cli_flags_beat_env_beats_site_config(tmp_path, monkeypatch):
     import argparse
 
-    from slurm_ft.config import SiteConfig
-    from slurm_ft.errors import ConfigError
-    from slurm_ft.monitor import config_from_args, register
+    from slurm_ft.core.config import SiteConfig
+    from slurm_ft.core.errors import ConfigError
+    from slurm_ft.cluster.monitor import config_from_args, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(), "monitor")
@@ -615,7 +615,7 @@ def test_the_monitor_survives_any_error_of_one_poll_and_backs_off(state, tmp_pat
     client.jobs = flaky_jobs
     pauses, polls = [], iter(range(3))
     monitor = make(state, client)
-    with caplog.at_level("INFO", logger="slurm_ft.monitor"):
+    with caplog.at_level("INFO", logger="slurm_ft.cluster.monitor"):
         monitor.run(stop=lambda: next(polls, None) is None, sleep=pauses.append)
     assert pauses == [2, 4, 1]  # 1 s interval, doubled per failed poll, back to normal after a good one
     assert ("requeue", 100, True) in client.calls
@@ -630,7 +630,7 @@ def test_a_broken_monitor_database_ends_the_monitor(state, tmp_path):
 
 
 def test_one_monitor_per_state_dir(tmp_path):
-    from slurm_ft.monitor import single_instance
+    from slurm_ft.cluster.monitor import single_instance
 
     held = single_instance(tmp_path)
     with pytest.raises(SlurmFtError, match="another slurm-ft monitor holds"):

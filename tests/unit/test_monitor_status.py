@@ -34,8 +34,8 @@ def test_status_without_state_is_one_line_error(tmp_path, capsys):
 
 
 def test_status_names_the_category_of_a_strike(tmp_path):
-    from slurm_ft.monitor import MonitorDb
-    from slurm_ft.status import format_status, read_status
+    from slurm_ft.cluster.monitor import MonitorDb
+    from slurm_ft.cluster.status import format_status, read_status
 
     db = MonitorDb(tmp_path / "monitor.db")
     db.record_strike(7, 0, "n3", "hardware_node", 1000.0)
@@ -45,7 +45,7 @@ def test_status_names_the_category_of_a_strike(tmp_path):
 
 def test_a_corrupt_quarantine_store_is_loud_in_status_and_in_the_metrics(tmp_path, capsys):
     """Issue 16: the gate keeps the node's own checks, but the broken store must be seen, with its repair."""
-    from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+    from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
 
     state = tmp_path / "state"
     register_job(state, tmp_path)
@@ -76,12 +76,12 @@ def test_status_as_a_non_root_user_reads_a_healthy_wal_database():
     import time
     from pathlib import Path
 
-    from slurm_ft.monitor import JobStatus, MonitorDb
+    from slurm_ft.cluster.monitor import JobStatus, MonitorDb
 
     state = Path(tempfile.mkdtemp(prefix="slurm-ft-status-", dir="/tmp"))  # pytest's tmp_path is root-only
     state.chmod(0o755)
     repo = Path(__file__).resolve().parents[2]
-    code = ("import sys; from slurm_ft.status import read_status\n"
+    code = ("import sys; from slurm_ft.cluster.status import read_status\n"
             "print(sorted(j['job_id'] for j in read_status(sys.argv[1])['jobs']))")
 
     def status_as_nobody() -> subprocess.CompletedProcess[str]:

@@ -8,14 +8,14 @@ import sys
 
 from tests.unit.test_launch import Script, events, make
 
-from slurm_ft.launch_text import describe
+from slurm_ft.launch.text import describe
 
 
 def test_launcher_lines_are_plain_and_the_json_stays_in_events(tmp_path, caplog):
-    caplog.set_level("INFO", logger="slurm_ft.launch")
+    caplog.set_level("INFO", logger="slurm_ft.launch.launcher")
     launcher, _, _ = make(tmp_path, [Script(tmp_path / "run", code=1), Script(tmp_path / "run")])
     assert launcher.run() == 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "slurm_ft.launch"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "slurm_ft.launch.launcher"]
     assert lines[0] == "slurm-ft launch: attempt 1 on n1,n2, from scratch"  # no committed checkpoint yet
     assert "slurm-ft launch: attempt 1: a rank failed (exit 1)" in lines
     assert "slurm-ft launch: restarting in place (2 restart(s) left)" in lines

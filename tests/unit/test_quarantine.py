@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.classify.taxonomy import Category
-from slurm_ft.errors import ConfigError, SlurmCommandError, SlurmFtError
-from slurm_ft.quarantine import (NodeState, Quarantine, QuarantineConfig, QuarantineStore, category_of_reason,
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.errors import ConfigError, SlurmCommandError, SlurmFtError
+from slurm_ft.cluster.quarantine import (NodeState, Quarantine, QuarantineConfig, QuarantineStore, category_of_reason,
                                  drain_reason, parse_slurm_user, require_privileged)
 from slurm_ft.slurm.types import NodeInfo
 
@@ -265,7 +265,7 @@ def test_an_unprivileged_user_can_list() -> None:
     where.chmod(0o755)
     db = where / "q.db"
     Quarantine(QuarantineStore(db)).add("n1", "Xid 79", category="hardware_gpu")
-    code = f"from slurm_ft.quarantine import *; print(Quarantine(QuarantineStore({str(db)!r})).list()[0].state.value)"
+    code = f"from slurm_ft.cluster.quarantine import *; print(Quarantine(QuarantineStore({str(db)!r})).list()[0].state.value)"
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(["su", "nobody", "-s", "/bin/sh", "-c", f"PYTHONPATH={root} /usr/bin/python3 -c \"{code}\""],
                           capture_output=True, text=True, timeout=60, check=False)

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from slurm_ft.bench import sim
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 FAST = dict(replicas=8, horizon_h=24.0 * 14)
 ONE_CLASS = (sim.FaultClass(category="user_code", label="crash", share=1.0, exclude_share=0.0, hang_share=0.0),)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from slurm_ft.errors import SlurmCommandError
+from slurm_ft.core.errors import SlurmCommandError
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.runner import CommandResult, run_command
 from slurm_ft.slurm.types import JobState, SlurmClient

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.errors import SlurmFormatError
+from slurm_ft.core.errors import SlurmFormatError
 from slurm_ft.slurm import formats, json_v0042, parsers
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.runner import CommandResult

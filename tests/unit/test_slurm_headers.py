@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.slurm import headers
 
 

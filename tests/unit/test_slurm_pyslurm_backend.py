@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from slurm_ft.errors import ConfigError, SlurmCommandError
+from slurm_ft.core.errors import ConfigError, SlurmCommandError
 from slurm_ft.slurm import backend
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.pyslurm_backend import PyslurmClient

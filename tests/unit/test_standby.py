@@ -1,4 +1,4 @@
-"""Warm standby ranks (slurm_ft.train.standby) with the real per-rank wrapper: real processes, sockets and signals."""
+"""Warm standby ranks (slurm_ft.launch.standby) with the real per-rank wrapper: real processes, sockets and signals."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.train import standby
-from slurm_ft.train.records import read_ends
+from slurm_ft.launch import standby
+from slurm_ft.core.rundir import read_ends
 
 RANK_SCRIPT = textwrap.dedent("""\
     import os, sys, time
@@ -42,7 +42,7 @@ def slot_env(tmp_path, **extra: str) -> dict[str, str]:
 
 def start_standby(env: dict[str, str], preload: str, *args: str, **kw) -> subprocess.Popen:
     """The slot's standby, once it listens (it answers from then on; a request waits for its imports)."""
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_ft.launch.standby", "--python", sys.executable,
                              "--preload", preload, *args], env=env, **kw)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not _bound(standby.slot_address(env)):
@@ -71,7 +71,7 @@ def slot(tmp_path):
 
 
 def wrapped(env, tmp_path, *args, **kw):
-    return subprocess.Popen([sys.executable, "-m", "slurm_ft.launch_rank", "--", *args], env=env, cwd=tmp_path,
+    return subprocess.Popen([sys.executable, "-m", "slurm_ft.launch.rank", "--", *args], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -244,7 +244,7 @@ def test_a_spare_that_died_waiting_is_replaced_and_the_rank_still_starts_warm(sl
 
 
 def test_a_bad_refill_delay_is_refused_with_its_value(tmp_path):
-    bad = subprocess.run([sys.executable, "-m", "slurm_ft.train.standby", "--python", sys.executable,
+    bad = subprocess.run([sys.executable, "-m", "slurm_ft.launch.standby", "--python", sys.executable,
                           "--refill-after", "-1"], env=slot_env(tmp_path), capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "refill_after_s must be >= 0, got -1.0" in bad.stderr
 

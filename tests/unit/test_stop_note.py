@@ -1,4 +1,4 @@
-"""The monitor's final stop reason reaches the user (slurm_ft.stop_note): the run dir's events and the job's
+"""The monitor's final stop reason reaches the user (slurm_ft.cluster.stop_note): the run dir's events and the job's
 output file, written as the job's user, never following a link, never blocking."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import os
 
 from tests.unit.test_monitor import FakeClient, failed, make, register_job, verdict
 
-from slurm_ft.classify.taxonomy import Action, Category
-from slurm_ft.report import attempts, format_report
+from slurm_ft.core.taxonomy import Action, Category
+from slurm_ft.launch.report import attempts, format_report
 from slurm_ft.slurm.types import JobState
-from slurm_ft.stop_note import tell_user
+from slurm_ft.cluster.stop_note import tell_user
 
 RECORD = {"event": "stopped", "by": "monitor", "time": 5.0, "category": "user_code", "reason": "not recoverable"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 
-from slurm_ft.train import layout
+from slurm_ft.core import layout
 from slurm_ft.train.storage import START_WRITEBACK, WRITEBACK_BYTES, _HashingStream
 
 MIB = 1 << 20

@@ -30,7 +30,7 @@ def test_judge_names_ranks_and_nodes():
 
 
 def test_revalidate_single_process_reports_resharding_and_excluded(tmp_path):
-    from slurm_ft.train import layout
+    from slurm_ft.core import layout
     tmp = tmp_path / layout.tmp_dir_name(3, "aa")
     tmp.mkdir()
     layout.commit(tmp, layout.step_dir(tmp_path, 3), layout.Manifest(step=3, world_size=2, files={}))
@@ -60,7 +60,7 @@ def test_nccl_topo_dump_goes_next_to_the_checkpoint_unless_set(tmp_path):
 
 
 def test_revalidate_reports_moved_ranks_and_nccl_dump(tmp_path):
-    from slurm_ft.train import layout
+    from slurm_ft.core import layout
     tmp = tmp_path / layout.tmp_dir_name(3, "aa")
     tmp.mkdir()
     layout.commit(tmp, layout.step_dir(tmp_path, 3),

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.train import records
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core import rundir as records
 from slurm_ft.train.errors import record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
 
 
 def test_train_package_import_is_torch_free():
     import subprocess
-    code = "import sys, slurm_ft.train, slurm_ft.train.layout, slurm_ft.train.heartbeat; print('torch' in sys.modules)"
+    code = "import sys, slurm_ft.train, slurm_ft.core.layout, slurm_ft.train.heartbeat; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -86,7 +86,7 @@ def test_checkpoint_config_auto_names_bad_field(kwargs, field):
 
 
 def test_checkpoint_config_auto_and_its_defaults():
-    from slurm_ft.interval import AdaptiveIntervalConfig
+    from slurm_ft.train.interval import AdaptiveIntervalConfig
     from slurm_ft.train.checkpoint import CheckpointConfig
     cfg = CheckpointConfig(dir="/x", every="auto")
     assert cfg.auto and (cfg.auto_interval.min_interval_s, cfg.auto_interval.prior_mtbf_s) == (10.0, 6 * 3600.0)
@@ -179,7 +179,7 @@ def test_example_world_from_torchrun_or_srun_env():
     assert _world({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "SLURM_PROCID": "0"}) == (3, 4, 1)
     assert _world({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1"}) == (5, 8, 1)
     import socket
-    from slurm_ft.launch import master_addr
+    from slurm_ft.launch.launcher import master_addr
     host = socket.gethostname()
     environ = {"SLURM_STEP_NODELIST": host, "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123"}
     rendezvous_env(environ)  # rank 0 runs on the step's first node

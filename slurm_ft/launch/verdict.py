@@ -1,7 +1,7 @@
 """The launcher's judgement of one failed or hung attempt: the evidence it has, and how it tells the user.
 
-Evidence: the ranks' error files and end records (``slurm_ft.launch_rank``), a hung attempt's rank states
-(``slurm_ft.launch_hang``), and the nodes found unhealthy after it. ``root_cause`` picks the culprit rank, its
+Evidence: the ranks' error files and end records (``slurm_ft.launch.rank``), a hung attempt's rank states
+(``slurm_ft.launch.hang``), and the nodes found unhealthy after it. ``root_cause`` picks the culprit rank, its
 node and the first line of its real error; ``paragraph`` is the few lines the launcher prints at the end of an
 attempt, so the real error is not lost under the secondary tracebacks of the ranks that failed because of it.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.classify.records import Evidence, NodeEvent
-from slurm_ft.classify.taxonomy import Verdict
-from slurm_ft.train.records import RankState, read_ends, read_errors
+from slurm_ft.core.taxonomy import Verdict
+from slurm_ft.core.rundir import RankState, read_ends, read_errors
 
 PROBE_REASON = "slurm-ft launch: failed the probe step or marked unhealthy by Slurm after the attempt"
 

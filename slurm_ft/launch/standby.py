@@ -1,13 +1,13 @@
 """Warm standby ranks: a rank restarted in the allocation starts in an interpreter that has already imported torch.
 
 Restarting a rank cold costs the interpreter and the torch import (seconds per rank, and on a busy node all ranks
-import at once). The launcher (``slurm_ft.launch``) therefore starts, once the first attempt trains, one standby
+import at once). The launcher (``slurm_ft.launch.launcher``) therefore starts, once the first attempt trains, one standby
 per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
-slurm_ft.train.standby``. Each is a keeper that never imports torch: it listens on an abstract unix socket named by
+slurm_ft.launch.standby``. Each is a keeper that never imports torch: it listens on an abstract unix socket named by
 job, node and slot (``address``) and keeps one spare, a fresh interpreter of its own (``Spare``) that imports the
 preload modules and waits.
 
-On a restart, the per-rank wrapper of the new step (``slurm_ft.launch_rank``) asks its slot's keeper for the rank
+On a restart, the per-rank wrapper of the new step (``slurm_ft.launch.rank``) asks its slot's keeper for the rank
 (``ask``): it passes its stdin, stdout and a stderr pipe (SCM_RIGHTS), its environment, directory and command. The
 keeper hands all of that to its spare, which becomes the rank: it runs the script or module as ``__main__``
 (``python script.py ...`` or ``python -m module ...`` with the same interpreter, nothing else). A request that
@@ -48,7 +48,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from slurm_ft import env as ft_env
+from slurm_ft.core import env as ft_env
 
 ENV = ft_env.STANDBY  # set by the launcher on attempts that may use a standby: the interpreter it runs
 PRELOAD_ENV = ft_env.STANDBY_PRELOAD  # extra modules the standby imports (comma separated)
@@ -177,7 +177,7 @@ class Spare:
         ours, theirs = socket.socketpair()
         with theirs:
             self.proc = subprocess.Popen(
-                [config.python, "-m", "slurm_ft.train.standby", "--python", config.python,
+                [config.python, "-m", "slurm_ft.launch.standby", "--python", config.python,
                  "--preload", ",".join(config.preload), "--spare", str(theirs.fileno()),
                  "--keeper", str(os.getpid())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, process_group=0)
@@ -457,7 +457,7 @@ def ask(command: Sequence[str], environ: Mapping[str, str], stderr_fd: int, *, c
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_ft.train.standby", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m slurm_ft.launch.standby", description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", required=True, help="the interpreter path the ranks' command names")
     parser.add_argument("--preload", default=",".join(PRELOAD),
                         help=f"modules to import while waiting, comma separated (default: {','.join(PRELOAD)}), "
@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def keep(python: str, preload: Sequence[str], refill_after_s: float) -> int:
     """The keeper of this task's slot: serve until stopped; 1 (with the reason) when it cannot."""
-    from slurm_ft.launch_rank import oom_kills
+    from slurm_ft.launch.rank import oom_kills
 
     where = slot_address(os.environ)
     if where is None:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from slurm_ft import env
-from slurm_ft.errors import ConfigError
+from slurm_ft.core import env
+from slurm_ft.core.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,7 +15,7 @@ import os
 import signal
 from pathlib import Path
 
-from slurm_ft.train.records import read_heartbeats
+from slurm_ft.core.rundir import read_heartbeats
 
 
 class Fault(str, enum.Enum):
@@ -183,7 +183,7 @@ def crash_node(lab, node: str) -> list[int]:
 
 def rank_pid(lab, job_id: int, rank: int) -> int | None:
     """The pid of global rank ``rank`` of job ``job_id``'s newest step: the task slurmstepd started, or the
-    training process under it when that task is the launcher's per-rank wrapper (``slurm_ft.launch_rank``)."""
+    training process under it when that task is the launcher's per-rank wrapper (``slurm_ft.launch.rank``)."""
     from slurm_ft.lab import procs
 
     found = _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
@@ -193,17 +193,17 @@ def rank_pid(lab, job_id: int, rank: int) -> int | None:
     if not tasks:
         return None
     task = max(tasks)[1]
-    if "slurm_ft.launch_rank" not in procs.cmdline(task):
+    if "slurm_ft.launch.rank" not in procs.cmdline(task):
         return task
     under = [pid for pid, _ in found if _parent(pid) == task]
     return under[0] if under else standby_rank_pid(dict(found)[task], rank)
 
 
 def standby_rank_pid(wrapper_env: dict[str, str], rank: int) -> int | None:
-    """The rank a warm standby runs for a wrapper with no child of its own (``slurm_ft.train.standby``): the pid
+    """The rank a warm standby runs for a wrapper with no child of its own (``slurm_ft.launch.standby``): the pid
     its heartbeat names, when that is a live child of a standby (a spare that became the rank: its command line
     is the spare's, so nothing else names it)."""
-    from slurm_ft import env as ft_env
+    from slurm_ft.core import env as ft_env
     from slurm_ft.lab import procs
 
     run_dir = ft_env.job_setting(ft_env.RUN_DIR, wrapper_env)
@@ -225,7 +225,7 @@ def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:
 
 
 TRAINER_MODULE = "slurm_ft.train.example"
-STANDBY_MODULE = "slurm_ft.train.standby"
+STANDBY_MODULE = "slurm_ft.launch.standby"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -265,8 +265,8 @@ def training_processes(lab, job_id: int, module: str = TRAINER_MODULE) -> list[R
 
 
 def _wraps(argv: tuple[str, ...], module: str) -> bool:
-    """Whether ``argv`` is the per-rank wrapper (``slurm_ft.launch_rank -- CMD``) around the trainer."""
-    if "slurm_ft.launch_rank" not in argv or "--" not in argv:
+    """Whether ``argv`` is the per-rank wrapper (``slurm_ft.launch.rank -- CMD``) around the trainer."""
+    if "slurm_ft.launch.rank" not in argv or "--" not in argv:
         return False
     return is_trainer(argv[argv.index("--") + 1:], module)
 

@@ -7,9 +7,9 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
   written once when a rank dies of an exception. The earliest ``time`` is the root cause.
 - ``end.rank<R>.json``: how the rank's process ended (``RankEnd``: exit code or signal, time, node, pid, OOM
   kills in its cgroup, the tail of its stderr), written by the launcher's per-rank wrapper
-  (``slurm_ft.launch_rank``), also for a death no Python code sees (SIGKILL, SIGSEGV).
+  (``slurm_ft.launch.rank``), also for a death no Python code sees (SIGKILL, SIGSEGV).
 - ``hang.rank<R>.json``: a hung attempt's rank as its node saw it before the kill (``RankState``: process state,
-  liveness, stack file), written by ``slurm_ft.launch_hang``; ``stack.rank<R>.txt``: its Python stacks.
+  liveness, stack file), written by ``slurm_ft.launch.hang``; ``stack.rank<R>.txt``: its Python stacks.
 
 The heartbeat's ``step`` and ``time`` are progress (written by the training loop); ``alive`` is liveness (rewritten
 by a thread every ``HeartbeatWriter.liveness_s`` whatever the loop does): a rank whose ``alive`` stops is stuck
@@ -98,7 +98,7 @@ class RankEnd:
     """How one rank's process ended, recorded on its node the moment it did: ``exit_code`` (normal exit) or
     ``signal`` (killed), ``oom_kills`` (the OOM killer's kills in the rank's cgroup while it ran; None: not
     readable), ``tail`` (the end of its stderr), ``started`` how its process started: ``cold`` (a new interpreter)
-    or ``standby`` (a warm standby's spare, ``slurm_ft.train.standby``)."""
+    or ``standby`` (a warm standby's spare, ``slurm_ft.launch.standby``)."""
 
     rank: int
     time: float

@@ -23,8 +23,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from slurm_ft.config import require
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import ConfigError
 
 
 def young_interval(checkpoint_cost_s: float, mtbf_s: float) -> float:

@@ -1,10 +1,10 @@
-"""The per-rank wrapper the launcher puts before the training command: ``python -m slurm_ft.launch_rank -- CMD``.
+"""The per-rank wrapper the launcher puts before the training command: ``python -m slurm_ft.launch.rank -- CMD``.
 
 It runs CMD as its child and, the moment the child ends, records how in ``<run_dir>/end.rank<R>.json``
-(``slurm_ft.train.records.RankEnd``): exit code or signal, time, node, pid, the OOM killer's kills in the rank's
+(``slurm_ft.core.rundir.RankEnd``): exit code or signal, time, node, pid, the OOM killer's kills in the rank's
 cgroup while it ran, and the tail of its stderr (which it passes through unchanged). This is the evidence for a
 death no Python code sees (SIGKILL, SIGSEGV): the launcher's verdict names the rank that ended first. A bad end
-then rings the launcher's bell (``slurm_ft.train.bell``): the launcher reads the record at once, not a poll later.
+then rings the launcher's bell (``slurm_ft.launch.bell``): the launcher reads the record at once, not a poll later.
 
 Exit semantics are unchanged: it exits with the child's code, or dies of the child's signal (without a core dump
 of its own), so srun, ``--kill-on-bad-exit`` and the job's exit code see what they would have seen without it.
@@ -29,8 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ft import env as ft_env
-from slurm_ft.train import bell, records, standby
+from slurm_ft.core import env as ft_env
+from slurm_ft.launch import bell, standby
+from slurm_ft.core import rundir as records
 
 TAIL_BYTES = 8192
 OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,

@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.classify.taxonomy import Category
-from slurm_ft.config import require
-from slurm_ft.errors import SlurmFtError
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.slurm.types import NodeInfo, SlurmClient
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from slurm_ft.classify.taxonomy import Category
+from slurm_ft.core.taxonomy import Category
 
 TAG = "slurm-ft:"
 IN_PLACE, FREE = "in_place", "free"

@@ -1,11 +1,11 @@
 """Evidence from a hung attempt, gathered on each rank's own node before the launcher kills it.
 
-The launcher runs ``python -m slurm_ft.launch_hang --run-dir DIR`` as one task per node of the attempt
+The launcher runs ``python -m slurm_ft.launch.hang --run-dir DIR`` as one task per node of the attempt
 (``srun --overlap``, beside the hung step). On its node, for every rank whose heartbeat names that node, it reads
 the process state from ``/proc/<pid>/stat`` (``T`` stopped, ``D`` uninterruptible ...) and ``wchan``, asks the rank
 for its Python stacks (the signal its heartbeat announces: faulthandler writes ``stack.rank<R>.txt``; ``py-spy
 dump`` where installed, for a rank that cannot answer: stopped, uninterruptible, or without the handler), and
-writes ``hang.rank<R>.json`` (``slurm_ft.train.records.RankState``). The launcher then adds what only it knows
+writes ``hang.rank<R>.json`` (``slurm_ft.core.rundir.RankState``). The launcher then adds what only it knows
 (each rank's liveness and last step, on its own clock) and judges. Nothing here kills anything.
 """
 
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from slurm_ft.train import records
+from slurm_ft.core import rundir as records
 
 UNREAD = "?"  # the rank's node did not report (no helper ran there, or it timed out)
 _ANSWERING = frozenset({"R", "S"})  # states in which a rank runs its faulthandler at once
@@ -132,7 +132,7 @@ def helper_argv(nodes: Sequence[str], run_dir: Path) -> list[str]:
     """One helper task on each node, beside the hung step."""
     return ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
             f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", "--kill-on-bad-exit=0",
-            sys.executable, "-m", "slurm_ft.launch_hang", "--run-dir", str(run_dir)]
+            sys.executable, "-m", "slurm_ft.launch.hang", "--run-dir", str(run_dir)]
 
 
 def gather_on_nodes(nodes: Sequence[str], run_dir: Path, environ: Mapping[str, str],
@@ -166,7 +166,7 @@ def rank_states(ranks: int, beats: Sequence[records.Heartbeat], read: Sequence[r
 
 # --- CLI (the per-node helper) ----------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_ft.launch_hang", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m slurm_ft.launch.hang", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     node = records.node_name()

@@ -1,7 +1,7 @@
 """The monitor's job registry entry, ``<state_dir>/jobs/<job_id>.json``: marks a job as --ft for the monitor.
 
 Written by the prolog (root, from the SPANK options; preferred) or else by ``slurm-ft launch``; read by
-``slurm_ft.monitor.read_registration``. Kept apart from the monitor so the prolog can build the entry without
+``slurm_ft.cluster.monitor.read_registration``. Kept apart from the monitor so the prolog can build the entry without
 importing the monitor (slow, and it loads the classification rules).
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurm_ft import env
+from slurm_ft.core import env
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -53,19 +53,19 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from slurm_ft import config as ft_config
-from slurm_ft import env
-from slurm_ft.budget import NOT_FAULTS, Budget, counts, with_counts
+from slurm_ft.core import config as ft_config
+from slurm_ft.core import env
+from slurm_ft.core.budget import NOT_FAULTS, Budget, counts, with_counts
 from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
-from slurm_ft.classify.taxonomy import Action, Verdict
-from slurm_ft.config import require
-from slurm_ft.errors import SlurmCommandError, SlurmFtError
-from slurm_ft.metrics import Metrics
-from slurm_ft.quarantine import StoreCorrupt
-from slurm_ft.registry import FtJob, registry_path
+from slurm_ft.core.taxonomy import Action, Verdict
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import SlurmCommandError, SlurmFtError
+from slurm_ft.cluster.metrics import Metrics
+from slurm_ft.cluster.quarantine import StoreCorrupt
+from slurm_ft.core.registry import FtJob, registry_path
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo, SlurmClient
 
-log = logging.getLogger("slurm_ft.monitor")
+log = logging.getLogger("slurm_ft.cluster.monitor")
 
 COMMENT_TAG = "slurm-ft:"
 DB_NAME = "monitor.db"
@@ -114,7 +114,7 @@ class MonitorConfig:
                 "metrics_port", f"must be within [0, 65535] (--metrics-port), got {self.metrics_port!r}")
 
 
-# --- the job registry (FtJob, registry_path: slurm_ft.registry) ------------------------------------------------
+# --- the job registry (FtJob, registry_path: slurm_ft.core.registry) ------------------------------------------------
 def write_registration(state_dir: Path, job: FtJob) -> Path:
     """Register ``job`` (the launcher side; the prolog writes its entry as root, hooks._write_json): an atomic
     write of the registry file."""
@@ -446,7 +446,7 @@ class Monitor:
         self.clock = clock
         self.metrics = metrics or Metrics()
         if tell_user is None:
-            from slurm_ft.stop_note import tell_user
+            from slurm_ft.cluster.stop_note import tell_user
         self.tell_user = tell_user  # a stop's verdict into the job's run dir and output file, as the job's user
         self.db = MonitorDb(Path(config.state_dir) / DB_NAME)
 
@@ -578,7 +578,7 @@ class Monitor:
     def _adopt(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row) -> int:
         """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint.
         The launcher's own requeue after a preemption signal (its Comment says so) is recorded as it stands."""
-        from slurm_ft.launch_preempt import launcher_requeue
+        from slurm_ft.launch.preempt import launcher_requeue
 
         if launcher_requeue(job.comment, job.restart_count):
             self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.REQUEUED, now=self.clock(),
@@ -733,7 +733,7 @@ class Monitor:
 
     def _tell_user(self, job: JobInfo, ft: FtJob, decision: Decision, comment: str) -> None:
         """The verdict where the user looks: the run dir's events (``slurm-ft report``) and the job's output file,
-        written by a child running as the job's user (slurm_ft.stop_note)."""
+        written by a child running as the job's user (slurm_ft.cluster.stop_note)."""
         record = {"event": "stopped", "by": "monitor", "time": round(self.clock(), 3), "job_id": job.job_id,
                   "category": decision.category, "reason": decision.reason, "comment": comment}
         why = self.tell_user(uid=job.user_id, run_dir=ft.run_dir, output=job.std_out,
@@ -792,7 +792,7 @@ def config_from_args(args: argparse.Namespace, site: ft_config.SiteConfig) -> Mo
 
 
 def _slurm_user() -> str | None:
-    from slurm_ft.quarantine import parse_slurm_user
+    from slurm_ft.cluster.quarantine import parse_slurm_user
 
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False)
@@ -826,7 +826,7 @@ def single_instance(state_dir: Path) -> Any:
 def require_actor(dry_run: bool, *, euid: int | None = None,
                   slurm_user: Callable[[], str | None] = _slurm_user) -> None:
     """Acting (requeue, drain) needs root or the SlurmUser; --dry-run needs nothing."""
-    from slurm_ft.quarantine import require_privileged
+    from slurm_ft.cluster.quarantine import require_privileged
 
     uid = os.geteuid() if euid is None else euid
     if dry_run or uid == 0:
@@ -837,7 +837,7 @@ def require_actor(dry_run: bool, *, euid: int | None = None,
 
 def _main(args: argparse.Namespace) -> int:
     from slurm_ft.classify import classify
-    from slurm_ft.quarantine import Quarantine, QuarantineConfig, QuarantineStore, default_db_path
+    from slurm_ft.cluster.quarantine import Quarantine, QuarantineConfig, QuarantineStore, default_db_path
     from slurm_ft.slurm.backend import make_client
 
     site = ft_config.load_site_config(args.config)
@@ -849,7 +849,7 @@ def _main(args: argparse.Namespace) -> int:
         QuarantineStore(default_db_path(config.state_dir)), site.build("quarantine", QuarantineConfig), client=client)
     monitor = Monitor(config, client, classify, quarantine=quarantine)
     if config.metrics_port:
-        from slurm_ft.metrics import serve
+        from slurm_ft.cluster.metrics import serve
 
         serve(monitor.metrics, config.metrics_port)
     stop = threading.Event()

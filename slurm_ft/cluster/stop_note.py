@@ -25,7 +25,7 @@ import sys
 from typing import Any
 
 TIMEOUT_S = 10.0
-EVENTS_FILE = "events.jsonl"  # slurm_ft.launch.EVENTS_FILE (the launcher's file; not imported: torch-free, small)
+EVENTS_FILE = "events.jsonl"  # slurm_ft.launch.launcher.EVENTS_FILE (the launcher's file; not imported: torch-free, small)
 
 
 def tell_user(*, uid: int | None, run_dir: str, output: str, record: dict[str, Any],
@@ -44,7 +44,7 @@ def tell_user(*, uid: int | None, run_dir: str, output: str, record: dict[str, A
         return f"uid {uid} has no passwd entry"
     as_user = {} if me == uid else {"user": uid, "group": gid, "extra_groups": []}
     try:
-        done = run([sys.executable, "-I", "-m", "slurm_ft.stop_note", run_dir, output], input=json.dumps(record),
+        done = run([sys.executable, "-I", "-m", "slurm_ft.cluster.stop_note", run_dir, output], input=json.dumps(record),
                    text=True, capture_output=True, timeout=TIMEOUT_S, env={"PATH": "/usr/bin:/bin"}, cwd="/",
                    check=False, **as_user)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -69,7 +69,7 @@ def _append(path: str, text: str, *, create: bool) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The child, as the job's user: ``python -I -m slurm_ft.stop_note RUN_DIR OUTPUT`` with the record on stdin."""
+    """The child, as the job's user: ``python -I -m slurm_ft.cluster.stop_note RUN_DIR OUTPUT`` with the record on stdin."""
     run_dir, output = argv
     record = json.loads(sys.stdin.read())
     failed = []

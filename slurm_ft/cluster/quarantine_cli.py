@@ -14,10 +14,10 @@ import os
 import pwd
 from typing import Any
 
-from slurm_ft.classify.taxonomy import Category
-from slurm_ft.config import load_site_config, state_dir
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.quarantine import (NodeRecord, Quarantine, QuarantineConfig, QuarantineStore, default_db_path,
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.config import load_site_config, state_dir
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.cluster.quarantine import (NodeRecord, Quarantine, QuarantineConfig, QuarantineStore, default_db_path,
                                  parse_slurm_user, require_privileged)
 
 

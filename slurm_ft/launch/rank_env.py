@@ -21,7 +21,7 @@ import os
 import shlex
 from collections.abc import Sequence
 
-from slurm_ft.errors import ConfigError
+from slurm_ft.core.errors import ConfigError
 
 # torchrun's options that take no value (torch.distributed.run: action=check_env); every other option takes one.
 TORCHRUN_FLAGS = frozenset({"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path",

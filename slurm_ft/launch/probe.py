@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from slurm_ft.config import require
+from slurm_ft.core.config import require
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,9 +8,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from slurm_ft import config as ft_config
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.monitor import DB_NAME
+from slurm_ft.core import config as ft_config
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.cluster.monitor import DB_NAME
 
 
 def read_status(state_dir: Path, *, actions: int = 20) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def read_status(state_dir: Path, *, actions: int = 20) -> dict[str, Any]:
 def quarantine_store_problem(state_dir: Path) -> str:
     """"" when the quarantine store beside the monitor's state reads (or does not exist yet), else the problem
     and how to repair it (``StoreCorrupt``'s message)."""
-    from slurm_ft.quarantine import StoreCorrupt, default_db_path
+    from slurm_ft.cluster.quarantine import StoreCorrupt, default_db_path
 
     path = default_db_path(state_dir)
     if not path.exists():

@@ -4,7 +4,7 @@ What it does (every path is an option; ``--dry-run`` only prints):
 
 1. builds ``spank/`` with ``make`` (hardening flags) into ``<prefix>/lib/slurm-ft/slurm_ft_spank.so``;
 2. writes the wrappers ``<prefix>/libexec/slurm-ft/slurm-ft-{prolog,epilog,healthcheck}`` from ``prolog/`` and
-   ``epilog/`` (tiny isolated-Python scripts that call ``slurm_ft.hooks`` with the site config path);
+   ``epilog/`` (tiny isolated-Python scripts that call ``slurm_ft.cluster.hooks`` with the site config path);
 3. writes ``<config-dir>/config.toml`` unless one exists (an existing one is validated, never replaced);
 4. prints the ``slurm.conf`` and ``plugstack.conf`` lines it needs, or with ``--edit`` changes the given files
    after a timestamped backup: settings slurm-ft needs are added or merged, a conflicting one (another Prolog)
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.errors import ConfigError, SlurmFtError
+from slurm_ft.core.errors import ConfigError, SlurmFtError
 from slurm_ft.slurm import headers
 from slurm_ft.slurm.parsers import parse_version
 
@@ -55,7 +55,7 @@ NO_SOURCES = ("this slurm-ft has no hook sources (spank/, prolog/, epilog/): ins
 def hook_sources() -> Path:
     """Where ``spank/``, ``prolog/`` and ``epilog/`` are: inside the installed package (a wheel ships them as
     ``slurm_ft/hook_sources/``, see setup.py), else the source tree this package runs from."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # slurm_ft/
     shipped = package / "hook_sources"
     return shipped if (shipped / "spank" / "Makefile").is_file() else package.parent
 
@@ -350,8 +350,8 @@ def _edit_file(path: Path, new_text: str, result: InstallResult) -> None:
 
 
 def _validate_site_config(path: Path) -> None:
-    from slurm_ft.config import load_site_config
-    from slurm_ft.hooks import Settings
+    from slurm_ft.core.config import load_site_config
+    from slurm_ft.cluster.hooks import Settings
 
     Settings.load(load_site_config(path))
 
@@ -492,8 +492,8 @@ def _install_cmd(args: argparse.Namespace) -> int:
 
 
 def _check_cmd(args: argparse.Namespace) -> int:
-    from slurm_ft.config import load_site_config
-    from slurm_ft.hooks import Settings
+    from slurm_ft.core.config import load_site_config
+    from slurm_ft.cluster.hooks import Settings
 
     site = load_site_config(args.config)
     settings = Settings.load(site)

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from slurm_ft import env as ft_env
-from slurm_ft.errors import ConfigError
-from slurm_ft.launch_env import check_torchrun, is_torchrun
-from slurm_ft.train.records import RUN_SUBDIR
+from slurm_ft.core import env as ft_env
+from slurm_ft.core.errors import ConfigError
+from slurm_ft.launch.rank_env import check_torchrun, is_torchrun
+from slurm_ft.core.rundir import RUN_SUBDIR
 
 EX_CONFIG = 2
 
@@ -71,9 +71,9 @@ def preflight(command: Sequence[str], *, allocation: Sequence[str], nodes: int |
 def refuse(message: str, *, set_comment: Callable[[str], None], environ: Mapping[str, str]) -> int:
     """Stop the job for a configuration mistake: the message on stderr (the job's output), in the Comment as
     ``stopped cause=config by=launch``, and in the run dir's events when it can be written."""
-    from slurm_ft.errors import SlurmFtError
-    from slurm_ft.launch import EVENTS_FILE
-    from slurm_ft.monitor import stop_comment
+    from slurm_ft.core.errors import SlurmFtError
+    from slurm_ft.launch.launcher import EVENTS_FILE
+    from slurm_ft.cluster.monitor import stop_comment
 
     print(f"slurm-ft: config: {message}", file=sys.stderr, flush=True)
     try:

@@ -6,7 +6,7 @@ A rank that comes before rank 0's server listens is refused and retries with tor
 a store already listening; ``bench/bench_rendezvous.py``, ``bench/reference/2026-12-05-launcher-store/``). Restarted ranks come up at different
 times (standbys, srun on each node), so a restart paid it nearly every time.
 
-The launcher starts ``python -m slurm_ft.train.store`` once, when the first attempt trains (it imports torch:
+The launcher starts ``python -m slurm_ft.launch.store`` once, when the first attempt trains (it imports torch:
 seconds, off every critical path), and before each later attempt asks it for a store (``open``). The keeper opens
 a fresh TCPStore server on a free port for every attempt (as torch elastic's agent does: a dead attempt's keys
 never reach the next process group) and closes the one before. The ranks get its address and port as
@@ -35,7 +35,7 @@ OPEN_TIMEOUT_S = 2.0  # how long the launcher waits for a ready keeper's port
 
 
 class StoreKeeper:
-    """The launcher's handle on its keeper process (``python -m slurm_ft.train.store``) on this node."""
+    """The launcher's handle on its keeper process (``python -m slurm_ft.launch.store``) on this node."""
 
     def __init__(self, python: str, addr: str, *, environ: Mapping[str, str] | None = None,
                  open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
@@ -51,7 +51,7 @@ class StoreKeeper:
         if self._proc is not None or self._broken:
             return
         try:
-            self._proc = subprocess.Popen([self.python, "-m", "slurm_ft.train.store"], stdin=subprocess.PIPE,
+            self._proc = subprocess.Popen([self.python, "-m", "slurm_ft.launch.store"], stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.environ,
                                           start_new_session=True)
         except OSError:

@@ -9,20 +9,20 @@ hang, and the attempt is killed. After a failed attempt:
   with the attempt's exit code, for the monitor to record;
 - every node healthy -> restart in place, resuming from the newest checkpoint. Healthy: Slurm does not call it
   down, drained or not responding, and it runs a one-task probe step within ``probe_timeout_s``
-  (``slurm_ft.launch_probe``: Slurm itself notices a dead node only after SlurmdTimeout);
+  (``slurm_ft.launch.probe``: Slurm itself notices a dead node only after SlurmdTimeout);
 - a node unhealthy and enough spares -> swap the spares in and restart (submit with ``sbatch --no-kill`` so
   that the allocation survives the loss of a node);
 - otherwise wait up to ``node_fail_wait_s`` for Slurm to declare the bad node (the job then ends NODE_FAIL and
   Slurm requeues it, with the node's state as evidence for the monitor), then exit ``EX_TEMPFAIL`` (75) with
   ``slurm-ft: tempfail bad_nodes=...`` in the job's Comment: the monitor requeues the job without those nodes.
 
-Restarts start their ranks from warm standbys (``slurm_ft.train.standby``) and rendezvous at a store the launcher's
-node holds open (``slurm_ft.train.store``), not at one rank 0 must start first.
+Restarts start their ranks from warm standbys (``slurm_ft.launch.standby``) and rendezvous at a store the launcher's
+node holds open (``slurm_ft.launch.store``), not at one rank 0 must start first.
 
-Every rank runs under a tiny wrapper (``slurm_ft.launch_rank``) that records how and when it ended, and on a bad
-end rings the launcher's fault bell (``slurm_ft.train.bell``), so the attempt ends then, not a poll later; before
-killing a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch_hang``).
-Every failed or hung attempt gets a ``verdict`` event naming the culprit rank and node (``slurm_ft.launch_verdict``)
+Every rank runs under a tiny wrapper (``slurm_ft.launch.rank``) that records how and when it ended, and on a bad
+end rings the launcher's fault bell (``slurm_ft.launch.bell``), so the attempt ends then, not a poll later; before
+killing a hung attempt the launcher has each node read its ranks' process states and stacks (``slurm_ft.launch.hang``).
+Every failed or hung attempt gets a ``verdict`` event naming the culprit rank and node (``slurm_ft.launch.verdict``)
 and a short root cause paragraph in the job's output.
 
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
@@ -49,20 +49,20 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from slurm_ft import env as ft_env
-from slurm_ft.budget import Budget, counts, with_counts
-from slurm_ft.classify.taxonomy import Category
-from slurm_ft.config import require
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.launch_env import wire
-from slurm_ft.launch_text import describe
+from slurm_ft.core import env as ft_env
+from slurm_ft.core.budget import Budget, counts, with_counts
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.launch.rank_env import wire
+from slurm_ft.launch.text import describe
 from slurm_ft.slurm.types import NodeInfo
-from slurm_ft.train import bell as fault_bell
-from slurm_ft.train.records import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
+from slurm_ft.launch import bell as fault_bell
+from slurm_ft.core.rundir import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
                                     read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
-from slurm_ft.train.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
+from slurm_ft.launch.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
 
-log = logging.getLogger("slurm_ft.launch")
+log = logging.getLogger("slurm_ft.launch.launcher")
 
 EX_TEMPFAIL = 75  # sysexits.h: the allocation cannot recover; the monitor should requeue the job
 EVENTS_FILE = "events.jsonl"
@@ -76,24 +76,24 @@ class Outcome(str, enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # srun exited non-zero (a rank died, a node failed)
     HUNG = "hung"  # no heartbeat progress within the hang timeout; killed by us
-    PREEMPTED = "preempted"  # the launcher got SIGUSR1/SIGTERM: forwarded to the ranks (slurm_ft.launch_preempt)
+    PREEMPTED = "preempted"  # the launcher got SIGUSR1/SIGTERM: forwarded to the ranks (slurm_ft.launch.preempt)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchConfig:
     """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
     ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: the job's
-    restart budget, in place and requeues together: slurm_ft.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``,
-    ``poll_s`` (a rank's bad end rings the launcher awake sooner: ``slurm_ft.train.bell``), ``kill_grace_s``,
+    restart budget, in place and requeues together: slurm_ft.core.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``,
+    ``poll_s`` (a rank's bad end rings the launcher awake sooner: ``slurm_ft.launch.bell``), ``kill_grace_s``,
     ``evidence_wait_s`` (a rank wrote its error file or ended badly: how long the launcher then waits at most for
     the rest of the evidence before it ends the step; it goes on at once when every rank with an error file has
     its end record too. The culprit's own record comes first, later ones are the ranks it took down, and the ranks
     still running wait in a collective they cannot leave), ``error_grace_s`` (how long srun may then take to exit
     after its SIGTERM before SIGKILL),
     ``probe_timeout_s`` (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
-    (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch_rank``), ``standby`` (warm standby ranks
-    for restarts, ``slurm_ft.train.standby``; the CLI turns it on unless --no-standby), ``launcher_store`` (restarts
-    rendezvous at a store held open on the launcher's node, ``slurm_ft.train.store``; off with
+    (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch.rank``), ``standby`` (warm standby ranks
+    for restarts, ``slurm_ft.launch.standby``; the CLI turns it on unless --no-standby), ``launcher_store`` (restarts
+    rendezvous at a store held open on the launcher's node, ``slurm_ft.launch.store``; off with
     --no-launcher-store)."""
 
     command: tuple[str, ...]
@@ -155,7 +155,7 @@ class Runner(Protocol):
 
 
 class StoreHost(Protocol):
-    """The rendezvous store on the launcher's node (``slurm_ft.train.store.StoreKeeper``)."""
+    """The rendezvous store on the launcher's node (``slurm_ft.launch.store.StoreKeeper``)."""
 
     def start(self) -> None: ...
 
@@ -165,7 +165,7 @@ class StoreHost(Protocol):
 
 
 class Waker(Protocol):
-    """The launcher's fault bell (``slurm_ft.train.bell.Bell``): a rank's wrapper rings it when the rank ends badly."""
+    """The launcher's fault bell (``slurm_ft.launch.bell.Bell``): a rank's wrapper rings it when the rank ends badly."""
 
     address: str
 
@@ -366,16 +366,16 @@ class Launcher:
         self.probe = probe
         self._comments = (CommentWriter(set_comment, lambda error: self._event("comment_error", error=error))
                           if set_comment is not None else None)
-        self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch_hang); "" or why not
+        self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch.hang); "" or why not
         self.store = store  # holds each restart's rendezvous store open before the ranks start (else rank 0 does)
         self.bell = bell  # wakes the attempt's poll loop when a rank ends badly (else it sees it a poll later)
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
-        from slurm_ft.launch_preempt import PreemptConfig
+        from slurm_ft.launch.preempt import PreemptConfig
 
         self.latch, self.preempt = latch, preempt or PreemptConfig()  # SIGUSR1/SIGTERM: save, requeue
         self.requeue = requeue  # requeues this job (after the ranks' emergency save on SIGUSR1)
         self.comment = comment  # the job's Comment: the resume hint, the cause, the restart budget's counts
-        self.budget = Budget(limit=config.max_restarts, requeues=requeues, **counts(comment))  # slurm_ft.budget
+        self.budget = Budget(limit=config.max_restarts, requeues=requeues, **counts(comment))  # slurm_ft.core.budget
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
         if self.wanted < 1 or self.wanted > len(self.allocation):
             raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
@@ -401,7 +401,7 @@ class Launcher:
 
     def _run(self) -> int:
         if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
-            from slurm_ft.monitor import stop_comment
+            from slurm_ft.cluster.monitor import stop_comment
 
             why = (f"restart budget exhausted ({self.budget.used} restarts > {self.budget.limit}: "
                    f"{self.requeues} requeues, {self.budget.in_place} in place, {self.budget.free} not for faults)")
@@ -437,7 +437,7 @@ class Launcher:
                 self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
                 continue  # a membership change: no retry used
             if result.outcome is Outcome.FAILED and not self._recoverable(verdict):
-                from slurm_ft.monitor import stop_comment
+                from slurm_ft.cluster.monitor import stop_comment
 
                 category, reason, evidence = self._stopping
                 self._comment(stop_comment(category, f"by=launch {reason}", evidence))
@@ -481,7 +481,7 @@ class Launcher:
         return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad), unconfirmed=waiting)
 
     def _comment(self, text: str, *, wait: bool = True) -> None:
-        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.budget); ``wait=False``
+        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.core.budget); ``wait=False``
         leaves the write to the writer's thread (a restart does not wait for scontrol)."""
         text = self.comment = with_counts(text, in_place=self.budget.in_place, free=self.budget.free)
         if self._comments is None:
@@ -494,7 +494,7 @@ class Launcher:
         if self._comments is not None and not self._comments.flush(COMMENT_FLUSH_S):
             self._event("comment_error", error=f"the Comment was not written within {COMMENT_FLUSH_S:g} s")
 
-    # --- SIGUSR1 / SIGTERM (slurm_ft.launch_preempt) ------------------------------------------------------------
+    # --- SIGUSR1 / SIGTERM (slurm_ft.launch.preempt) ------------------------------------------------------------
     def _signalled(self) -> bool:
         return self.latch is not None and self.latch.signum is not None
 
@@ -515,7 +515,7 @@ class Launcher:
 
     def _preempted(self) -> int:
         """After the ranks' emergency save: SIGUSR1 -> requeue from that step; SIGTERM -> end, Slurm decides."""
-        from slurm_ft.launch_preempt import preemption_comment, requeue_job
+        from slurm_ft.launch.preempt import preemption_comment, requeue_job
 
         signum = self.latch.signum
         step = self._committed()
@@ -593,11 +593,11 @@ class Launcher:
                 return AttemptResult(outcome=Outcome.FAILED, exit_code=1, time=failed_since)
             self._wait(cfg.poll_s)
 
-    # --- warm standby ranks (slurm_ft.train.standby) --------------------------------------------------------------
+    # --- warm standby ranks (slurm_ft.launch.standby) --------------------------------------------------------------
     def _standby_python(self) -> str | None:
         """The interpreter the ranks run, when the command is one a standby can run (``python SCRIPT``,
         ``python -m MODULE``) and standbys are on."""
-        from slurm_ft.train.standby import script_of
+        from slurm_ft.launch.standby import script_of
 
         python = command_python(self.config.command)
         if python is None or self._standby_off or not (self.config.standby and self.config.rank_records):
@@ -622,7 +622,7 @@ class Launcher:
             return
         argv = ["srun", f"--nodes={len(missing)}", f"--ntasks={len(missing) * tasks_per_node}",
                 f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(missing)}", "--overlap", "--no-kill",
-                "--kill-on-bad-exit=0", python, "-m", "slurm_ft.train.standby", "--python", python]
+                "--kill-on-bad-exit=0", python, "-m", "slurm_ft.launch.standby", "--python", python]
         try:
             self._standbys.append((frozenset(missing), self.runner(argv, env)))
         except OSError as exc:
@@ -643,7 +643,7 @@ class Launcher:
 
     def _stop_standby(self) -> None:
         """The standbys exit quietly on their stop signal (srun's own SIGTERM would SIGKILL them, noisily)."""
-        from slurm_ft.train.standby import STOP_SIGNAL
+        from slurm_ft.launch.standby import STOP_SIGNAL
 
         running = [proc for _, proc in self._standbys if proc.poll() is None]
         for proc in running:
@@ -657,7 +657,7 @@ class Launcher:
 
     def _committed(self) -> int | None:
         """The newest committed checkpoint step (what this attempt resumes from), when the ckpt dir is known."""
-        from slurm_ft.monitor import latest_step
+        from slurm_ft.cluster.monitor import latest_step
 
         return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
@@ -690,11 +690,11 @@ class Launcher:
         """The command under the per-rank wrapper that records how each rank ended."""
         if not self.config.rank_records:
             return list(command)
-        return [sys.executable, "-m", "slurm_ft.launch_rank", "--", *command]
+        return [sys.executable, "-m", "slurm_ft.launch.rank", "--", *command]
 
     def _hang_evidence(self, chosen: list[str], watch: HangWatch, now: float) -> tuple[RankState, ...]:
         """Every rank's process state and stacks, read on its node, plus liveness and step as we saw them."""
-        from slurm_ft.launch_hang import rank_states
+        from slurm_ft.launch.hang import rank_states
 
         why = self.gather_hang(chosen, self.config.run_dir) if self.gather_hang is not None else "not asked"
         if why:
@@ -706,7 +706,7 @@ class Launcher:
         """The attempt's verdict (culprit rank and node), as a ``verdict`` event and a root cause paragraph."""
         if self.classify_fn is None:
             return None
-        from slurm_ft.launch_verdict import attempt_evidence, paragraph, root_cause
+        from slurm_ft.launch.verdict import attempt_evidence, paragraph, root_cause
 
         evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick)
         verdict = self.classify_fn(evidence)
@@ -728,7 +728,7 @@ class Launcher:
     def _env(self, chosen: list[str]) -> dict[str, str]:
         env = dict(self.environ)
         held = self.store.open() if self.store is not None else None
-        if held is not None:  # every rank connects to it; none hosts it (slurm_ft.train.store)
+        if held is not None:  # every rank connects to it; none hosts it (slurm_ft.launch.store)
             env["MASTER_ADDR"], port = held
             env["MASTER_PORT"] = str(port)
             env[AGENT_STORE_ENV], env[RESTART_COUNT_ENV] = "True", str(self.attempts - 1)
@@ -890,10 +890,10 @@ def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> 
     """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless it was submitted with the
     SPANK options (the prolog registers those, as root, where the site config says); skipped when the state dir is
     not writable (the usual case for users)."""
-    from slurm_ft import config as ft_config
-    from slurm_ft.errors import ConfigError
-    from slurm_ft.monitor import write_registration
-    from slurm_ft.registry import FtJob, registry_path
+    from slurm_ft.core import config as ft_config
+    from slurm_ft.core.errors import ConfigError
+    from slurm_ft.cluster.monitor import write_registration
+    from slurm_ft.core.registry import FtJob, registry_path
 
     job_id = environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit() or environ.get(ft_env.SPANK_JOB_PREFIX + ft_env.ENABLED):
@@ -914,10 +914,10 @@ def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> 
 
 
 def _main(args: argparse.Namespace) -> int:
-    from slurm_ft.monitor import parse_restart_cause, parse_resume_step
+    from slurm_ft.cluster.monitor import parse_restart_cause, parse_resume_step
     from slurm_ft.slurm.parsers import expand_hostlist
 
-    from slurm_ft import launch_checks, launch_preempt
+    from slurm_ft.launch import checks as launch_checks, preempt as launch_preempt
 
     latch = launch_preempt.SignalLatch()
     latch.install()  # from the start: a SIGUSR1 while starting up must not kill the launcher
@@ -961,11 +961,11 @@ def _main(args: argparse.Namespace) -> int:
         client.requeue(int(job_id))
 
     from slurm_ft.classify import classify
-    from slurm_ft.launch_probe import ProbeConfig, probe_nodes
+    from slurm_ft.launch.probe import ProbeConfig, probe_nodes
 
     requeues = environ.get("SLURM_RESTART_COUNT", "0")
     def gather_hang(nodes: Sequence[str], run_dir: Path) -> str:
-        from slurm_ft.launch_hang import gather_on_nodes
+        from slurm_ft.launch.hang import gather_on_nodes
 
         return gather_on_nodes(nodes, run_dir, environ)
 
@@ -978,7 +978,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def bell_for(environ: Mapping[str, str]) -> Waker | None:
-    """The fault bell (``slurm_ft.train.bell``) at this node's address, or None where no socket can be had."""
+    """The fault bell (``slurm_ft.launch.bell``) at this node's address, or None where no socket can be had."""
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     try:
         return fault_bell.Bell(node_addr(node))
@@ -988,11 +988,11 @@ def bell_for(environ: Mapping[str, str]) -> Waker | None:
 
 
 def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str]) -> StoreHost | None:
-    """The keeper of the restarts' rendezvous stores (``slurm_ft.train.store``), or None where rank 0 keeps hosting
+    """The keeper of the restarts' rendezvous stores (``slurm_ft.launch.store``), or None where rank 0 keeps hosting
     them: turned off, a torchrun command (its agent holds its own store), a ``$MASTER_ADDR`` of the user's, or a
     launcher outside the allocation's nodes (the ranks may not reach it)."""
-    from slurm_ft.launch_env import is_torchrun
-    from slurm_ft.train.store import StoreKeeper
+    from slurm_ft.launch.rank_env import is_torchrun
+    from slurm_ft.launch.store import StoreKeeper
 
     node = environ.get("SLURMD_NODENAME", "")
     if (not config.launcher_store or is_torchrun(config.command) or environ.get("MASTER_ADDR")

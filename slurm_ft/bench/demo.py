@@ -34,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.classify.taxonomy import Category, culprit_text
-from slurm_ft.faults import crash_node, fault_timing, read_events, signal_rank
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.taxonomy import Category, culprit_text
+from slurm_ft.lab.faults import crash_node, fault_timing, read_events, signal_rank
 from slurm_ft.slurm.types import JobInfo, JobState
-from slurm_ft.train.records import read_heartbeats
+from slurm_ft.core.rundir import read_heartbeats
 
 SCENARIOS = ("clean", "kill-rank", "hang", "node-death", "user-error")
 EVERY = 4  # checkpoint interval (steps)
@@ -180,8 +180,8 @@ class MonitorThread:
 
     def __init__(self, lab: Any, state: Path, log_path: Path, say: Callable[[str], None]) -> None:
         from slurm_ft.classify import classify
-        from slurm_ft.monitor import Monitor, MonitorConfig
-        from slurm_ft.quarantine import Quarantine, QuarantineStore, default_db_path
+        from slurm_ft.cluster.monitor import Monitor, MonitorConfig
+        from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
 
         self.quarantine = Quarantine(QuarantineStore(default_db_path(state)), client=lab.client())
         self.monitor = Monitor(MonitorConfig(state_dir=state, poll_interval_s=1.0), lab.client(), classify,
@@ -190,7 +190,7 @@ class MonitorThread:
         self.verdicts: dict[int, dict[str, Any]] = {}  # job id -> the monitor's verdict on it
         self.thread = threading.Thread(target=self.monitor.run, daemon=True,
                                        kwargs={"stop": self.stop.is_set, "sleep": self.stop.wait})
-        logger = self.logger = logging.getLogger("slurm_ft.monitor")
+        logger = self.logger = logging.getLogger("slurm_ft.cluster.monitor")
         self._saved_logger = (logger.propagate, logger.level, list(logger.handlers))
         logger.propagate = False
         logger.setLevel(logging.INFO)

@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.classify.taxonomy import culprit_text
-from slurm_ft.errors import SlurmFtError
-from slurm_ft.faults import read_events
-from slurm_ft.launch import EVENTS_FILE
-from slurm_ft.train.records import RUN_SUBDIR
+from slurm_ft.core.taxonomy import culprit_text
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.lab.faults import read_events
+from slurm_ft.launch.launcher import EVENTS_FILE
+from slurm_ft.core.rundir import RUN_SUBDIR
 
 
 LOST = "no end recorded (the launcher died: its node?)"
@@ -42,7 +42,7 @@ class AttemptRow:
 
 
 def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
-    """Pure: the attempt rows of an events list (``slurm_ft.launch`` events, in file order)."""
+    """Pure: the attempt rows of an events list (``slurm_ft.launch.launcher`` events, in file order)."""
     rows: list[dict[str, Any]] = []
     run = 0
     for event in events:
@@ -67,7 +67,7 @@ def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
                 rows[-1].update(ended=ended, end=event["time"])
             else:
                 rows[-1]["ended"] += f", then {ended}"
-        elif kind == "stopped":  # the monitor's final word (slurm_ft.stop_note)
+        elif kind == "stopped":  # the monitor's final word (slurm_ft.cluster.stop_note)
             rows[-1]["ended"] += f"; stopped by the monitor: {event.get('category')} ({event.get('reason')})"
     return [AttemptRow(**row) for row in rows]
 

@@ -35,9 +35,9 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from slurm_ft.launch.launcher import free_port  # noqa: E402
+from slurm_ft.launch.standby import PRELOAD  # noqa: E402
 from slurm_ft.train import checkpoint as ckpt  # noqa: E402
 from slurm_ft.train import example  # noqa: E402
-from slurm_ft.launch.standby import PRELOAD  # noqa: E402
 
 PARTS = ("process group", "model", "manager", "verify", "state dict", "dcp.load", "set_state_dict", "digest",
          "first step", "second step")

@@ -19,7 +19,7 @@ from slurm_ft.core.errors import SlurmFtError
 # subcommand -> module providing register(subparsers)
 COMMANDS: dict[str, str] = {
     "lab": "slurm_ft.lab.cli",
-    "launch": "slurm_ft.launch.launcher",
+    "launch": "slurm_ft.launch.cli",
     "monitor": "slurm_ft.cluster.monitor",
     "classify": "slurm_ft.classify.cli",
     "quarantine": "slurm_ft.cluster.quarantine_cli",

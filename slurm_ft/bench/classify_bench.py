@@ -21,8 +21,8 @@ from typing import Any
 from slurm_ft.classify.engine import classify
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import Rules, default_rules
-from slurm_ft.health.records import XidEvent, snapshot_from_dict
 from slurm_ft.core.rundir import RankEnd, RankState
+from slurm_ft.health.records import XidEvent, snapshot_from_dict
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -26,6 +26,7 @@ import logging
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,11 +35,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.classify import classify
+from slurm_ft.cluster.monitor import Monitor, MonitorConfig
+from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
+from slurm_ft.core.comment import TAG
 from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.rundir import read_events, read_heartbeats
 from slurm_ft.core.taxonomy import Category, culprit_text
-from slurm_ft.lab.faults import crash_node, fault_timing, read_events, signal_rank
+from slurm_ft.lab.cluster import LabCluster, LabConfig
+from slurm_ft.lab.faults import crash_node, fault_timing, signal_rank
 from slurm_ft.slurm.types import JobInfo, JobState
-from slurm_ft.core.rundir import read_heartbeats
 
 SCENARIOS = ("clean", "kill-rank", "hang", "node-death", "user-error")
 EVERY = 4  # checkpoint interval (steps)
@@ -111,8 +117,6 @@ def ft_flags(run: Run) -> list[str]:
 
 
 def submit(run: Run, script: str, env: dict[str, str], workdir: Path) -> int:
-    import subprocess
-
     path = workdir / f"{run.name}.sh"
     path.write_text(script)
     # --exclusive: a dead node takes down every job on it; each scenario gets its own nodes
@@ -179,9 +183,6 @@ class MonitorThread:
     """The monitor polling every second over the lab's state dir, its log lines shown in short."""
 
     def __init__(self, lab: Any, state: Path, log_path: Path, say: Callable[[str], None]) -> None:
-        from slurm_ft.classify import classify
-        from slurm_ft.cluster.monitor import Monitor, MonitorConfig
-        from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
 
         self.quarantine = Quarantine(QuarantineStore(default_db_path(state)), client=lab.client())
         self.monitor = Monitor(MonitorConfig(state_dir=state, poll_interval_s=1.0), lab.client(), classify,
@@ -239,8 +240,6 @@ class _ShortMonitorLines(logging.Handler):
 
 def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, list[str]]:
     """Run the scenarios; return the summary table and the checks that failed (empty: all held)."""
-    from slurm_ft.lab.cluster import LabCluster, LabConfig
-
     lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=4))
     say(f"lab: starting a 4-node Slurm cluster in {lab.dir}")
     lab.up(progress=lambda m: say(f"lab: {m}"))
@@ -384,7 +383,7 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
                    ("classified hardware_node", "cause=hardware_node" in comment),
                    ("dead node in ExcNodeList", final is not None and run.victim in final.excluded_nodes),
                    ("dead node quarantined", bool(run.victim) and quarantine.is_quarantined(run.victim)
-                    and node is not None and node.reason.startswith("slurm-ft:"))]
+                    and node is not None and node.reason.startswith(TAG))]
     return checks
 
 

@@ -41,8 +41,8 @@ from slurm_ft.bench import timeline as tl
 from slurm_ft.bench.ettr import Overhead, Span, ettr
 from slurm_ft.bench.lab_jobs import JobSpec, SlurmFtKnobs, System, Workload, batch_script, sbatch_argv
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.train.interval import young_daly_interval
 from slurm_ft.slurm.types import JobState
+from slurm_ft.train.interval import young_daly_interval
 
 SCHEMA = "slurm-ft.bench-lab/1"
 PHASES = ("throughput", "faults", "ettr")

@@ -25,12 +25,12 @@ from typing import Any
 from slurm_ft.classify.engine import classify, explain
 from slurm_ft.classify.records import UNKNOWN_RANK, Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import load_rules
-from slurm_ft.core.taxonomy import Verdict
 from slurm_ft.core.config import load_site_config
 from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.rundir import ERROR_GLOB
+from slurm_ft.core.taxonomy import Verdict
 from slurm_ft.health.records import NodeReport, XidEvent, snapshot_from_dict
 from slurm_ft.slurm.types import JobState
-from slurm_ft.core.rundir import ERROR_GLOB
 
 READ_TAIL_BYTES = 256 * 1024  # read at most this much of the end of a log (the engine scans less)
 MAX_JSON_BYTES = 16 * 1024 * 1024

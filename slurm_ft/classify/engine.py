@@ -21,10 +21,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
 from slurm_ft.classify.rules import Rule, Rules, default_rules
 from slurm_ft.classify.scan import LineHit
-from slurm_ft.core.taxonomy import Action, Category, Culprit, Verdict
-from slurm_ft.classify.xid import XidKind, normalize_pci, xid_pid
-from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, recovery_action_name
+from slurm_ft.classify.xid import XidKind
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
+from slurm_ft.core.taxonomy import Action, Category, Culprit, Verdict
+from slurm_ft.health.kmsg import xid_pid
+from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, normalize_pci_bus, recovery_action_name
 
 NODE_BAND = 90
 JOB_BAND = 70
@@ -312,7 +313,7 @@ def _xid_findings(events: Iterable[XidEvent], ctx: _Context, rules: Rules) -> li
     for event in events:
         if not isinstance(event.xid, int) or not ctx.on_job(event.node):
             continue
-        key = (event.node, event.xid, normalize_pci(event.pci_bus) if event.pci_bus else event.gpu_index)
+        key = (event.node, event.xid, normalize_pci_bus(event.pci_bus) if event.pci_bus else event.gpu_index)
         if key in seen:
             continue
         seen.add(key)

@@ -12,9 +12,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 from slurm_ft.health.records import NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, NodeInfo
-from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 
 LOG_KINDS = ("log", "kmsg")
 

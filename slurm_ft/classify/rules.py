@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.classify.scan import Scanner
-from slurm_ft.core.taxonomy import Action, Category
 from slurm_ft.classify.xid import XidInfo, XidKind
 from slurm_ft.core.config import SiteConfig
-from slurm_ft.core.errors import ConfigError
+from slurm_ft.core.errors import ConfigError, SlurmFtError
+from slurm_ft.core.taxonomy import Action, Category
+from slurm_ft.health.checks import FALLBACK_DRAIN_XIDS
+from slurm_ft.health.records import XidEvent
 from slurm_ft.slurm.types import JobState
 
 if sys.version_info >= (3, 11):
@@ -438,3 +440,26 @@ def _dataclass(cls: type, entries: Mapping[str, tuple[Any, str]], table: str) ->
             raise ConfigError(f"{src}: [{table}] {key}: bad value {value!r}")
         values[key] = value
     return cls(**values)
+
+
+def load_xid_table(rules: "Rules | None" = None) -> Mapping[int, XidInfo]:
+    """The Xid table of ``rules`` (default: the shipped rules)."""
+    if rules is None:
+        rules = default_rules()
+    return rules.xids
+
+
+def xid_info(xid: int, rules: "Rules | None" = None) -> XidInfo:
+    """The table row for ``xid``; an unlisted Xid gets the rules' ``unknown_xid`` kind."""
+    if rules is None:
+        rules = default_rules()
+    return rules.xid(xid)
+
+
+def is_drain_xid(xid: XidEvent, rules: Rules | None = None) -> bool:
+    """Whether ``xid`` takes its node out of service by the Xid table (``drain_pattern`` read), else, when the rules
+    cannot be loaded, by ``slurm_ft.health.checks.FALLBACK_DRAIN_XIDS`` (a broken rules file never opens the gate)."""
+    try:
+        return xid_info(xid.xid, rules).kind_for(xid.text) is XidKind.DRAIN
+    except (SlurmFtError, ValueError, OSError):
+        return xid.xid in FALLBACK_DRAIN_XIDS

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from slurm_ft.classify.xid import parse_xid_line
+from slurm_ft.health.kmsg import parse_xid_line
 
 # Short substrings shared by many keywords; a keyword containing none of them is its own anchor.
 COARSE_ANCHORS = ("error", "xception", "nccl", "cuda", "kill", "fail", "abort", "terminat", "cancelled", "timed out",

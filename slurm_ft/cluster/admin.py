@@ -11,8 +11,8 @@ What it does (every path is an option; ``--dry-run`` only prints):
    stops the install with a message naming it;
 5. writes a systemd unit for the monitor (``slurm-ft-monitor.service``).
 
-``lab_install`` is the same code with paths inside a lab directory and the TEST-ONLY knobs on; the lab cluster
-(``slurm-ft lab up``) calls it while it writes its slurm.conf.
+``install_in_dir`` is the same code with every path inside one directory and the TEST-ONLY knobs on; the lab
+cluster (``slurm-ft lab up``, ``slurm_ft.lab.cluster``) calls it while it writes its slurm.conf.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.cluster.hooks import Settings
+from slurm_ft.core.config import load_site_config
 from slurm_ft.core.errors import ConfigError, SlurmFtError
 from slurm_ft.slurm import headers
 from slurm_ft.slurm.parsers import parse_version
@@ -350,8 +351,6 @@ def _edit_file(path: Path, new_text: str, result: InstallResult) -> None:
 
 
 def _validate_site_config(path: Path) -> None:
-    from slurm_ft.core.config import load_site_config
-    from slurm_ft.cluster.hooks import Settings
 
     Settings.load(load_site_config(path))
 
@@ -410,17 +409,15 @@ def _apply_edits(cfg: InstallConfig, result: InstallResult) -> None:
     result.notes.append("run `scontrol reconfigure` (slurmctld and every slurmd must see the same files)")
 
 
-def lab_install(lab_dir: Path, *, slurm_user: str) -> list[str]:
-    """Install into a lab cluster directory (TEST-ONLY knobs on); the slurm.conf lines the lab must append."""
-    from slurm_ft.lab.cluster import LAB_SITE_CONFIG, LAB_STATE_DIR
-
-    lab_dir = Path(lab_dir).absolute()
-    cfg = InstallConfig(prefix=lab_dir / "slurm-ft", config_dir=(lab_dir / LAB_SITE_CONFIG).parent,
-                        state_dir=lab_dir / LAB_STATE_DIR, plugstack=lab_dir / "plugstack.conf", systemd_dir=None,
-                        slurm_user=slurm_user, test_mode=True)
+def install_in_dir(root: Path, *, config_dir: Path, state_dir: Path, slurm_user: str) -> list[str]:
+    """Install everything under ``root`` (a lab cluster's directory; the site config in ``config_dir``, the state in
+    ``state_dir``), TEST-ONLY knobs on; the slurm.conf lines the cluster must append."""
+    root = Path(root).absolute()
+    cfg = InstallConfig(prefix=root / "slurm-ft", config_dir=Path(config_dir), state_dir=Path(state_dir),
+                        plugstack=root / "plugstack.conf", systemd_dir=None, slurm_user=slurm_user, test_mode=True)
     result = InstallResult()
     install(cfg, rewrite_config=True)
-    (lab_dir / "test-nvml").mkdir(exist_ok=True, mode=0o755)
+    (root / "test-nvml").mkdir(exist_ok=True, mode=0o755)
     _write(cfg.plugstack_path, plugstack_line(cfg) + "\n", 0o644, result)
     # SchedulerParameters/PrologFlags are merged into the lab's own lines by slurm_ft.lab.slurmconf.
     return [f"{k}={v}" for k, v in slurm_conf_settings(cfg).items()]
@@ -492,8 +489,6 @@ def _install_cmd(args: argparse.Namespace) -> int:
 
 
 def _check_cmd(args: argparse.Namespace) -> int:
-    from slurm_ft.core.config import load_site_config
-    from slurm_ft.cluster.hooks import Settings
 
     site = load_site_config(args.config)
     settings = Settings.load(site)
@@ -501,7 +496,3 @@ def _check_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - `slurm-ft admin` is the entry point
-    from slurm_ft.cli import main as cli_main
-
-    return cli_main(["admin", *(argv if argv is not None else sys.argv[1:])])

@@ -41,10 +41,11 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from slurm_ft.core import comment as job_comment
 from slurm_ft.core import env, registry
-from slurm_ft.core.taxonomy import Category
 from slurm_ft.core.config import SiteConfig, load_site_config, require, state_dir
 from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.taxonomy import Category
 from slurm_ft.health import checks
 from slurm_ft.health.checks import Finding, HealthConfig
 from slurm_ft.health.records import NodeReport, NvmlSnapshot, XidEvent
@@ -313,7 +314,7 @@ def judge_prolog(facts: PrologFacts, settings: Settings) -> list[Finding]:
                                 evidence=f"node is quarantined ({facts.quarantined})"))
     findings.extend(facts.failures)
     if facts.snapshot is not None:
-        findings.extend(checks.judge_nvml(facts.snapshot, settings.health))
+        findings.extend(checks.judge_nvml(facts.snapshot, settings.health, drains))
     if facts.space is not None:
         path, free = facts.space
         found = checks.judge_free_space(path, free, settings.hooks.min_free_gb)
@@ -359,12 +360,10 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
 
 def _stop_job(ctx: JobContext, findings: list[Finding], deps: Deps, label: str) -> None:
     """Stop the job (not the node) for a problem with what it named: its Comment says why, then scancel."""
-    from slurm_ft.cluster.monitor import stop_comment  # rare path: keep the monitor out of every prolog's start-up
-
     if ctx.job_id is None:
         return
     first = findings[0]
-    reason = stop_comment(first.category.value, "by=prolog: the job's checkpoint dir", [first.evidence])
+    reason = job_comment.stopped(first.category.value, "by=prolog: the job's checkpoint dir", [first.evidence])
     try:
         client = deps.client()
         client.update_job(ctx.job_id, comment=reason)
@@ -467,9 +466,17 @@ def _job_start(ctx: JobContext, settings: Settings) -> float | None:
 
 def judge_epilog(report: NodeReport, settings: Settings) -> list[Finding]:
     """Hardware evidence in the report that must take the node out of service now."""
-    findings = checks.judge_nvml(report.nvml, settings.health) if report.nvml else []
-    findings.extend(checks.judge_xids(report.kmsg_xids, settings.health))
+    findings = checks.judge_nvml(report.nvml, settings.health, drains) if report.nvml else []
+    findings.extend(checks.judge_xids(report.kmsg_xids, settings.health, drains))
     return findings
+
+
+def drains(xid: XidEvent) -> bool:
+    """The classifier's Xid table (``slurm_ft.classify.rules.is_drain_xid``), loaded on the first Xid seen, not at
+    every prolog's start-up."""
+    from slurm_ft.classify.rules import is_drain_xid
+
+    return is_drain_xid(xid)
 
 
 def run_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> int:

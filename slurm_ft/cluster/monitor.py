@@ -45,7 +45,6 @@ import logging
 import os
 import signal
 import sqlite3
-import stat
 import subprocess
 import threading
 import time
@@ -53,24 +52,33 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.core import config as ft_config
-from slurm_ft.core import env
-from slurm_ft.core.budget import NOT_FAULTS, Budget, counts, with_counts
+from slurm_ft.classify import classify
+from slurm_ft.cluster.metrics import serve
+from slurm_ft.cluster.quarantine import Quarantine, QuarantineConfig, QuarantineStore, default_db_path
+from slurm_ft.cluster.quarantine import parse_slurm_user
+from slurm_ft.cluster.quarantine import require_privileged
+from slurm_ft.cluster import stop_note
+from slurm_ft.health.jobfiles import read_error_files
+from slurm_ft.health.records import NodeReport
+from slurm_ft.slurm.backend import make_client
+import fcntl
 from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
-from slurm_ft.core.taxonomy import Action, Verdict
-from slurm_ft.core.config import require
-from slurm_ft.core.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.cluster.metrics import Metrics
 from slurm_ft.cluster.quarantine import StoreCorrupt
+from slurm_ft.core import comment as job_comment
+from slurm_ft.core import config as ft_config
+from slurm_ft.core import env
+from slurm_ft.core.budget import NOT_FAULTS, Budget
+from slurm_ft.core.config import require
+from slurm_ft.core.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.core.registry import FtJob, registry_path
+from slurm_ft.core.taxonomy import Action, Verdict
+from slurm_ft.health.jobfiles import latest_step, read_trusted_json
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo, SlurmClient
 
 log = logging.getLogger("slurm_ft.cluster.monitor")
 
-COMMENT_TAG = "slurm-ft:"
 DB_NAME = "monitor.db"
-MAX_JSON_BYTES = 1 << 20
-MAX_COMMENT = 400
 
 
 _REQUEUED = frozenset({JobState.PENDING, JobState.REQUEUED, JobState.REQUEUE_HOLD, JobState.EXPEDITING})
@@ -114,37 +122,7 @@ class MonitorConfig:
                 "metrics_port", f"must be within [0, 65535] (--metrics-port), got {self.metrics_port!r}")
 
 
-# --- the job registry (FtJob, registry_path: slurm_ft.core.registry) ------------------------------------------------
-def write_registration(state_dir: Path, job: FtJob) -> Path:
-    """Register ``job`` (the launcher side; the prolog writes its entry as root, hooks._write_json): an atomic
-    write of the registry file."""
-    path = registry_path(state_dir, job.job_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(job)))
-    os.replace(tmp, path)
-    return path
-
-
-def read_trusted_json(path: Path, allowed_uids: Iterable[int]) -> Any:
-    """JSON from a regular, non-symlink file owned by one of ``allowed_uids``; ``None`` when absent."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path}: not a regular file")
-        if st.st_uid not in set(allowed_uids):
-            raise ValueError(f"{path}: owned by uid {st.st_uid}, not trusted")
-        if st.st_size > MAX_JSON_BYTES:
-            raise ValueError(f"{path}: {st.st_size} bytes, over the limit")
-        return json.loads(os.read(fd, MAX_JSON_BYTES + 1).decode("utf-8", "replace"))
-    finally:
-        os.close(fd)
-
-
+# --- the job registry (FtJob, registry_path, write_registration: slurm_ft.core.registry) -----------------------
 def registered_but_unlisted(state_dir: Path, listed: set[int], closed: set[int]) -> list[int]:
     """Job ids with a registry entry that Slurm did not list and the monitor has not closed (names only: no
     file is read for a job the monitor is done with)."""
@@ -172,7 +150,7 @@ def read_registration(state_dir: Path, job: JobInfo) -> FtJob | None:
     trusted = {0, os.geteuid()} | ({job.user_id} if job.user_id is not None else set())
     data = read_trusted_json(registry_path(state_dir, job.job_id), trusted)
     if data is None:
-        return FtJob(job_id=job.job_id, user_id=job.user_id) if job.comment.startswith(COMMENT_TAG) else None
+        return FtJob(job_id=job.job_id, user_id=job.user_id) if job_comment.is_ours(job.comment) else None
     if not isinstance(data, dict):
         raise ValueError(f"registry entry of job {job.job_id} is not a JSON object")
     user_id = data.get("user_id")
@@ -260,23 +238,8 @@ class MonitorDb:
 
 
 # --- evidence -------------------------------------------------------------------------------------------------
-def latest_step(ckpt_dir: str, uid: int | None = None) -> int | None:
-    """The newest committed checkpoint step in the job's ``ckpt_dir``, or None. Read through the safe reader as
-    the job's ``uid`` (default: ours): the monitor runs as root over a directory the job's user controls."""
-    if not ckpt_dir:
-        return None
-    from slurm_ft.health.jobfiles import latest_committed_step
-
-    try:
-        return latest_committed_step(ckpt_dir, os.getuid() if uid is None else uid)
-    except (OSError, ValueError):
-        return None
-
-
 def load_reports(state_dir: Path, job_id: int) -> tuple[list[Any], list[str]]:
     """The epilog's node reports for ``job_id`` (files owned by root or us), plus notes on what was skipped."""
-    from slurm_ft.health.records import NodeReport
-
     folder = Path(state_dir) / "reports" / str(int(job_id))
     reports, notes = [], []
     try:
@@ -299,7 +262,6 @@ def load_errors(run_dir: str, uid: int | None) -> tuple[list[Any], list[str]]:
         return [], []
     if uid is None:
         return [], [f"{run_dir}: job uid unknown, error files not read"]
-    from slurm_ft.health.jobfiles import read_error_files
 
     dicts, notes = read_error_files(run_dir, uid)
     return [r for r in (error_record_from_dict(d) for d in dicts) if r is not None], notes
@@ -340,14 +302,14 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
     culprits = struck_nodes(verdict, job)
     if not verdict.recoverable or verdict.action in (Action.STOP, Action.NONE):
         return Decision(requeue=False, category=category, reason="not recoverable", resume_step=resume_step)
-    launcher_stop = parse_launcher_stop(job.comment)
+    launcher_stop = job_comment.parse_launcher_stop(job.comment)
     if launcher_stop is not None and not culprits:  # it saw the same root cause at the same step twice
         return Decision(requeue=False, category=category, reason=f"stopped by slurm-ft launch ({launcher_stop})",
                         resume_step=resume_step)
     if ft.no_requeue:
         return Decision(requeue=False, category=category, reason="recoverable, but the job asked for no requeue "
                         "(--ft-no-requeue)", resume_step=resume_step)
-    used = Budget(limit=budget, requeues=job.restart_count, **counts(job.comment))  # in place and requeues
+    used = Budget(limit=budget, requeues=job.restart_count, **job_comment.counts(job.comment))  # in place and requeues
     if used.left == 0 and category not in NOT_FAULTS:
         return Decision(requeue=False, category=category, reason=f"restart budget exhausted ({used.used} of {budget} "
                         "restarts used, in place and requeues together)", resume_step=resume_step)
@@ -355,7 +317,7 @@ def decide(job: JobInfo, ft: FtJob, verdict: Verdict, *, resume_step: int | None
         return Decision(requeue=False, category=category,
                         reason=f"crash loop: no checkpoint progress since the last restart (step {resume_step})",
                         resume_step=resume_step)
-    said = (*verdict.culprit.nodes, *parse_bad_nodes(job.comment))  # the job's word: off this job's own nodes only
+    said = (*verdict.culprit.nodes, *job_comment.parse_bad_nodes(job.comment))  # the job's word: its own nodes only
     exclude = tuple(dict.fromkeys(n for n in said if n in job.nodes and n not in culprits))
     return Decision(requeue=True, category=category, reason="recoverable", culprits=culprits,
                     resume_step=resume_step, exclude=exclude)
@@ -381,57 +343,6 @@ def launcher_lost(job: JobInfo) -> bool:
         and job.batch_host not in job.nodes
 
 
-def requeue_comment(restart: int, resume_step: int | None, category: str) -> str:
-    step = "none" if resume_step is None else str(resume_step)
-    return f"{COMMENT_TAG} restart={restart} resume_step={step} cause={category}"
-
-
-def stop_comment(category: str, reason: str, evidence: Iterable[str]) -> str:
-    text = f"{COMMENT_TAG} stopped cause={category} {reason}"
-    for item in evidence:
-        text += f"; {item}"
-    text = " ".join(text.replace(",", ";").split())  # one line; scontrol's Comment= must not hold commas
-    return text if len(text) <= MAX_COMMENT else text[: MAX_COMMENT - 3] + "..."
-
-
-def _comment_words(comment: str) -> dict[str, str]:
-    if not comment.startswith(COMMENT_TAG):
-        return {}
-    return dict(word.partition("=")[::2] for word in comment[len(COMMENT_TAG):].split() if "=" in word)
-
-
-def parse_bad_nodes(comment: str) -> tuple[str, ...]:
-    """Nodes the launcher found bad before it gave up: ``slurm-ft: tempfail bad_nodes=n2+n5 ...``."""
-    if not comment.startswith(f"{COMMENT_TAG} tempfail"):
-        return ()
-    return tuple(n for n in _comment_words(comment).get("bad_nodes", "").split("+") if n)
-
-
-def parse_launcher_stop(comment: str) -> str | None:
-    """The launcher's stop (``slurm-ft: stopped ... by=launch ...``): the text after the tag, else None."""
-    if comment.startswith(f"{COMMENT_TAG} stopped") and _comment_words(comment).get("by") == "launch":
-        return comment[len(COMMENT_TAG):].strip()[:200]
-    return None
-
-
-def parse_restart_cause(comment: str) -> str | None:
-    """The ``cause=C`` of a slurm-ft requeue Comment (why the job runs again), or None."""
-    if not comment.startswith(f"{COMMENT_TAG} restart="):
-        return None
-    return _comment_words(comment).get("cause") or None
-
-
-def parse_resume_step(comment: str) -> int | None:
-    """The ``resume_step=S`` hint from a slurm-ft Comment, or None."""
-    if not comment.startswith(COMMENT_TAG):
-        return None
-    for word in comment.split():
-        key, _, value = word.partition("=")
-        if key == "resume_step" and value.isdigit():
-            return int(value)
-    return None
-
-
 # --- the monitor ----------------------------------------------------------------------------------------------
 class Monitor:
     """Polls Slurm, classifies ended --ft jobs and requeues or stops them. Survives one bad job."""
@@ -445,9 +356,7 @@ class Monitor:
         self.quarantine = quarantine
         self.clock = clock
         self.metrics = metrics or Metrics()
-        if tell_user is None:
-            from slurm_ft.cluster.stop_note import tell_user
-        self.tell_user = tell_user  # a stop's verdict into the job's run dir and output file, as the job's user
+        self.tell_user = tell_user or stop_note.tell_user  # a stop's verdict to the run dir and output, as the user
         self.db = MonitorDb(Path(config.state_dir) / DB_NAME)
 
     # --- public ---------------------------------------------------------------------------------------------
@@ -551,7 +460,7 @@ class Monitor:
         if self.config.dry_run:
             return 1
         decision = Decision(requeue=False, category=verdict.category.value, reason=reason, resume_step=resume_step)
-        self._tell_user(job, ft, decision, stop_comment(decision.category, reason, verdict.evidence[:3]))
+        self._tell_user(job, ft, decision, job_comment.stopped(decision.category, reason, verdict.evidence[:3]))
         self._set(job, JobStatus.GONE)
         return 1
 
@@ -578,11 +487,9 @@ class Monitor:
     def _adopt(self, job: JobInfo, ft: FtJob, nodes: dict[str, NodeInfo], row: sqlite3.Row) -> int:
         """Judge a Slurm-requeued job on its last nodes; exclude and strike the culprits, set the resume hint.
         The launcher's own requeue after a preemption signal (its Comment says so) is recorded as it stands."""
-        from slurm_ft.launch.preempt import launcher_requeue
-
-        if launcher_requeue(job.comment, job.restart_count):
+        if job_comment.is_launcher_requeue(job.comment, job.restart_count):
             self.db.set_job(job.job_id, restart_count=job.restart_count, status=JobStatus.REQUEUED, now=self.clock(),
-                            last_resume_step=parse_resume_step(job.comment), requeued_at=self.clock())
+                            last_resume_step=job_comment.parse_resume_step(job.comment), requeued_at=self.clock())
             self._event("job_requeued", job_id=job.job_id, restart=job.restart_count, comment=job.comment,
                         by="launch")
             return 1
@@ -595,8 +502,9 @@ class Monitor:
         decision = Decision(requeue=True, category=verdict.category.value, reason="requeued by Slurm",
                             culprits=tuple(sorted(set(struck_nodes(verdict, ended)) | dead)), resume_step=resume_step)
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits)),
-                  "comment": with_counts(requeue_comment(job.restart_count, resume_step, decision.category),
-                                         **counts(job.comment)),
+                  "comment": job_comment.with_counts(
+                      job_comment.requeue(job.restart_count, resume_step, decision.category),
+                      **job_comment.counts(job.comment)),
                   "resume_step": resume_step}
         self._event("job_requeued_by_slurm", job_id=job.job_id, restart_count=job.restart_count,
                     last_nodes=list(previous), verdict=verdict.to_dict(), dry_run=self.config.dry_run)
@@ -689,11 +597,11 @@ class Monitor:
                                   f"{name}: node state {'+'.join(sorted(info.state))} under running job {job.job_id}")
 
     def _requeue(self, job: JobInfo, decision: Decision) -> None:
-        carried = counts(job.comment)  # the restart budget's counts; a requeue not for a fault is free
+        carried = job_comment.counts(job.comment)  # the restart budget's counts; a requeue not for a fault is free
         carried["free"] += decision.category in NOT_FAULTS
         detail = {"excluded": sorted(set(job.excluded_nodes) | set(decision.culprits) | set(decision.exclude)),
-                  "comment": with_counts(requeue_comment(job.restart_count + 1, decision.resume_step,
-                                                         decision.category), **carried),
+                  "comment": job_comment.with_counts(
+                      job_comment.requeue(job.restart_count + 1, decision.resume_step, decision.category), **carried),
                   "resume_step": decision.resume_step}
         self.db.intent(job.job_id, job.restart_count, "requeue", detail, self.clock())
         self.client.requeue(job.job_id, hold=True)
@@ -716,7 +624,7 @@ class Monitor:
 
     def _stop(self, job: JobInfo, ft: FtJob, decision: Decision, verdict: Verdict, *, cancel: bool = False) -> None:
         """Record the verdict (in the Comment where Slurm takes it); ``cancel``: end a job still holding nodes."""
-        comment = stop_comment(decision.category, decision.reason, verdict.evidence[:3])
+        comment = job_comment.stopped(decision.category, decision.reason, verdict.evidence[:3])
         self.db.intent(job.job_id, job.restart_count, "stop", {"comment": comment}, self.clock())
         try:
             self.client.update_job(job.job_id, comment=comment)
@@ -792,8 +700,6 @@ def config_from_args(args: argparse.Namespace, site: ft_config.SiteConfig) -> Mo
 
 
 def _slurm_user() -> str | None:
-    from slurm_ft.cluster.quarantine import parse_slurm_user
-
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -806,8 +712,6 @@ LOCK_NAME = "monitor.lock"
 
 def single_instance(state_dir: Path) -> Any:
     """An exclusive lock on ``<state_dir>/monitor.lock``: a second monitor on the same state refuses to start."""
-    import fcntl
-
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     handle = open(state_dir / LOCK_NAME, "a+")  # noqa: SIM115 - kept open: the lock lives as long as the process
     try:
@@ -826,8 +730,6 @@ def single_instance(state_dir: Path) -> Any:
 def require_actor(dry_run: bool, *, euid: int | None = None,
                   slurm_user: Callable[[], str | None] = _slurm_user) -> None:
     """Acting (requeue, drain) needs root or the SlurmUser; --dry-run needs nothing."""
-    from slurm_ft.cluster.quarantine import require_privileged
-
     uid = os.geteuid() if euid is None else euid
     if dry_run or uid == 0:
         return
@@ -836,9 +738,6 @@ def require_actor(dry_run: bool, *, euid: int | None = None,
 
 
 def _main(args: argparse.Namespace) -> int:
-    from slurm_ft.classify import classify
-    from slurm_ft.cluster.quarantine import Quarantine, QuarantineConfig, QuarantineStore, default_db_path
-    from slurm_ft.slurm.backend import make_client
 
     site = ft_config.load_site_config(args.config)
     config = config_from_args(args, site)
@@ -849,8 +748,6 @@ def _main(args: argparse.Namespace) -> int:
         QuarantineStore(default_db_path(config.state_dir)), site.build("quarantine", QuarantineConfig), client=client)
     monitor = Monitor(config, client, classify, quarantine=quarantine)
     if config.metrics_port:
-        from slurm_ft.cluster.metrics import serve
-
         serve(monitor.metrics, config.metrics_port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())  # systemd stop: finish the poll, exit

@@ -35,14 +35,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.comment import TAG  # the one tag: every drain reason slurm-ft sets starts with it
 from slurm_ft.core.config import require
 from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.taxonomy import Category
 from slurm_ft.slurm.types import NodeInfo, SlurmClient
 
 log = logging.getLogger(__name__)
 
-TAG = "slurm-ft:"
 DB_NAME = "quarantine.db"
 _SCHEMA_VERSION = 1
 

@@ -14,11 +14,18 @@ import os
 import pwd
 from typing import Any
 
-from slurm_ft.core.taxonomy import Category
+from slurm_ft.cluster.quarantine import (
+    NodeRecord,
+    Quarantine,
+    QuarantineConfig,
+    QuarantineStore,
+    default_db_path,
+    parse_slurm_user,
+    require_privileged,
+)
 from slurm_ft.core.config import load_site_config, state_dir
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.cluster.quarantine import (NodeRecord, Quarantine, QuarantineConfig, QuarantineStore, default_db_path,
-                                 parse_slurm_user, require_privileged)
+from slurm_ft.core.taxonomy import Category
 
 
 def register(subparsers: Any, name: str) -> None:

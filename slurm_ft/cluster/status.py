@@ -8,9 +8,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.cluster.monitor import DB_NAME
 from slurm_ft.core import config as ft_config
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.cluster.monitor import DB_NAME
 
 
 def read_status(state_dir: Path, *, actions: int = 20) -> dict[str, Any]:

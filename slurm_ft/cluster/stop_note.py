@@ -24,8 +24,9 @@ import subprocess
 import sys
 from typing import Any
 
+from slurm_ft.core.rundir import EVENTS_FILE
+
 TIMEOUT_S = 10.0
-EVENTS_FILE = "events.jsonl"  # slurm_ft.launch.launcher.EVENTS_FILE (the launcher's file; not imported: torch-free, small)
 
 
 def tell_user(*, uid: int | None, run_dir: str, output: str, record: dict[str, Any],
@@ -44,9 +45,9 @@ def tell_user(*, uid: int | None, run_dir: str, output: str, record: dict[str, A
         return f"uid {uid} has no passwd entry"
     as_user = {} if me == uid else {"user": uid, "group": gid, "extra_groups": []}
     try:
-        done = run([sys.executable, "-I", "-m", "slurm_ft.cluster.stop_note", run_dir, output], input=json.dumps(record),
-                   text=True, capture_output=True, timeout=TIMEOUT_S, env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                   check=False, **as_user)
+        done = run([sys.executable, "-I", "-m", "slurm_ft.cluster.stop_note", run_dir, output],
+                   input=json.dumps(record), text=True, capture_output=True, timeout=TIMEOUT_S,
+                   env={"PATH": "/usr/bin:/bin"}, cwd="/", check=False, **as_user)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")[-300:]
@@ -69,7 +70,8 @@ def _append(path: str, text: str, *, create: bool) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """The child, as the job's user: ``python -I -m slurm_ft.cluster.stop_note RUN_DIR OUTPUT`` with the record on stdin."""
+    """The child, as the job's user: ``python -I -m slurm_ft.cluster.stop_note RUN_DIR OUTPUT``, the record on
+    stdin."""
     run_dir, output = argv
     record = json.loads(sys.stdin.read())
     failed = []

@@ -5,9 +5,9 @@ Counted: every in-place restart by the launcher, and every requeue after a failu
 after a node failure). Not counted: a requeue after preemption, the time limit or a cancellation (the job was
 stopped, not broken), and swapping a spare node in (a membership change).
 
-The counts travel with the job in its Comment, the one place that both the launcher (inside the job) and the
-monitor (outside it) read and write: ``in_place=M`` (in-place restarts so far, over all runs) and ``free=P``
-(requeues that were not failures). Restarts used = Slurm's restart count - P + M.
+The counts travel with the job in its Comment (``slurm_ft.core.comment``), the one place that both the launcher
+(inside the job) and the monitor (outside it) read and write: ``in_place=M`` (in-place restarts so far, over all
+runs) and ``free=P`` (requeues that were not failures). Restarts used = Slurm's restart count - P + M.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import dataclasses
 
 from slurm_ft.core.taxonomy import Category
 
-TAG = "slurm-ft:"
-IN_PLACE, FREE = "in_place", "free"
 # Restart causes that are not faults: a requeue for them uses no restart (and says nothing about the failure rate).
 NOT_FAULTS = frozenset(c.value for c in (Category.PREEMPTION, Category.TIME_LIMIT, Category.CANCELLED))
 
@@ -38,23 +36,3 @@ class Budget:
     @property
     def left(self) -> int:
         return max(0, self.limit - self.used)
-
-
-def _words(comment: str) -> dict[str, str]:
-    if not comment.startswith(TAG):
-        return {}
-    return dict(word.partition("=")[::2] for word in comment[len(TAG):].split() if "=" in word)
-
-
-def counts(comment: str) -> dict[str, int]:
-    """``{"in_place": M, "free": P}`` from a slurm-ft Comment (0 when absent or not a number)."""
-    words = _words(comment)
-    return {name: int(words[name]) if words.get(name, "").isdigit() else 0 for name in (IN_PLACE, FREE)}
-
-
-def with_counts(comment: str, *, in_place: int, free: int) -> str:
-    """``comment`` (a slurm-ft Comment; anything else starts a new one) with its counts set to these."""
-    text = comment if comment.startswith(TAG) else TAG
-    kept = [w for w in text[len(TAG):].split() if w.partition("=")[0] not in (IN_PLACE, FREE)]
-    extra = [f"{name}={value}" for name, value in ((IN_PLACE, in_place), (FREE, free)) if value > 0]
-    return " ".join([TAG, *kept, *extra])

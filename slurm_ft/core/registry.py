@@ -8,6 +8,8 @@ importing the monitor (slow, and it loads the classification rules).
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,3 +38,14 @@ class FtJob:
 
 def registry_path(state_dir: Path, job_id: int) -> Path:
     return Path(state_dir) / "jobs" / f"{int(job_id)}.json"
+
+
+def write_registration(state_dir: Path, job: FtJob) -> Path:
+    """Register ``job`` (the launcher side; the prolog writes its entry as root, cluster.hooks._write_json): an
+    atomic write of the registry file."""
+    path = registry_path(state_dir, job.job_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(job)))
+    os.replace(tmp, path)
+    return path

@@ -1,4 +1,4 @@
-"""Files that cross process boundaries: per-rank heartbeats and error files (torch-free).
+"""The run directory: files that cross process boundaries (heartbeats, error files, end records, events).
 
 Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slurm-ft``):
 
@@ -10,6 +10,14 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
   (``slurm_ft.launch.rank``), also for a death no Python code sees (SIGKILL, SIGSEGV).
 - ``hang.rank<R>.json``: a hung attempt's rank as its node saw it before the kill (``RankState``: process state,
   liveness, stack file), written by ``slurm_ft.launch.hang``; ``stack.rank<R>.txt``: its Python stacks.
+- ``events.jsonl``: the launcher's events, one JSON object a line (``{"event", "time", ...}``: ``attempt_start``,
+  ``fault_detected``, ``verdict``, ``exit`` ...), appended by the launcher and, for a stop the monitor decides after
+  the job ended, by the monitor's child as the job's user (``slurm_ft.cluster.stop_note``); read by
+  ``slurm-ft report``.
+
+The rule: every file here is written by the job's own processes (or as the job's user), so root reads it only
+through ``slurm_ft.health.jobfiles``; a file is written whole (``write_json_atomic``) or appended a line at a time,
+and a reader skips what it cannot parse (a torn last line, a record of the wrong shape).
 
 The heartbeat's ``step`` and ``time`` are progress (written by the training loop); ``alive`` is liveness (rewritten
 by a thread every ``HeartbeatWriter.liveness_s`` whatever the loop does): a rank whose ``alive`` stops is stuck
@@ -36,6 +44,7 @@ HANG_GLOB = "hang.rank*.json"
 STACK_GLOB = "stack.rank*.txt"
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
+EVENTS_FILE = "events.jsonl"
 STACK_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler writes its stacks on it (sent only to ranks announcing it)
 
 
@@ -170,6 +179,17 @@ def write_end(run_dir: str | os.PathLike[str], record: RankEnd) -> None:
 
 def write_rank_state(run_dir: str | os.PathLike[str], record: RankState) -> None:
     write_json_atomic(hang_path(run_dir, record.rank), dataclasses.asdict(record))
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The launcher's events in file order (a torn last line is not an event)."""
+    events = []
+    for line in (Path(run_dir) / EVENTS_FILE).read_text().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
 
 
 def _read_all(run_dir: Path, pattern: str, cls: type) -> list:

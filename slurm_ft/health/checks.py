@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.core import env
-from slurm_ft.core.taxonomy import Category
 from slurm_ft.core.config import require
-from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.taxonomy import Category
 from slurm_ft.health.records import NvmlSnapshot, XidEvent, recovery_action_name, snapshot_from_dict
 
 # Xids that mean the GPU or its memory/fabric is faulty, so the node must leave service (NVIDIA's Xid
 # catalogue: DBE, row-remap failure, NVLink, fallen off the bus, ECC rate/contained/uncontained, GSP, ...).
 # Xids such as 13, 31, 43 are usually the application's fault and do not drain. The classifier's table
-# (slurm_ft.classify.xid, extensible in rules.toml) is the authority; this list is the fallback when it
-# cannot be loaded, so that a broken rules file never opens the gate.
+# (slurm_ft.classify.rules.is_drain_xid, extensible in rules.toml) is the authority, passed in by the hooks as
+# ``drains``; this list is the fallback when it cannot be loaded, so that a broken rules file never opens the gate.
 FALLBACK_DRAIN_XIDS = (48, 61, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140)
 _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -88,8 +87,12 @@ class Finding:
         return {"category": self.category.value, "check": self.check, "evidence": self.evidence}
 
 
-def judge_nvml(snap: NvmlSnapshot, config: HealthConfig) -> list[Finding]:
-    """Everything wrong with ``snap`` under ``config``; empty when the node is healthy."""
+XidJudge = Callable[[XidEvent], bool]  # whether an Xid takes its node out of service
+
+
+def judge_nvml(snap: NvmlSnapshot, config: HealthConfig, drains: XidJudge | None = None) -> list[Finding]:
+    """Everything wrong with ``snap`` under ``config``; empty when the node is healthy. ``drains`` judges an Xid
+    where the site config names no ``drain_xids`` (the hooks pass the classifier's table; default the fallback)."""
     expected = config.expected_gpus_on(snap.node)
     if not snap.available:
         if expected:
@@ -98,17 +101,19 @@ def judge_nvml(snap: NvmlSnapshot, config: HealthConfig) -> list[Finding]:
     findings = []
     if expected is not None and snap.gpu_count != expected:
         findings.append(_gpu("gpu_count", f"expected {expected} GPUs, NVML sees {snap.gpu_count}"))
-    findings.extend(judge_xids(snap.xids, config))
+    findings.extend(judge_xids(snap.xids, config, drains))
     for gpu in snap.gpus:
         findings.extend(_judge_gpu(gpu, config))
     return findings
 
 
-def judge_xids(xids: Iterable[XidEvent], config: HealthConfig) -> list[Finding]:
-    """A finding per Xid that means the node must leave service (NVML events or kernel-log lines)."""
+def judge_xids(xids: Iterable[XidEvent], config: HealthConfig, drains: XidJudge | None = None) -> list[Finding]:
+    """A finding per Xid that means the node must leave service (NVML events or kernel-log lines): the site's
+    ``drain_xids`` if set, else ``drains`` (``fallback_drains`` when None)."""
+    judge = (lambda xid: xid.xid in config.drain_xids) if config.drain_xids is not None else (drains or fallback_drains)
     found = []
     for xid in xids:
-        if is_drain_xid(xid, config):
+        if judge(xid):
             where = f"gpu {xid.gpu_index}" if xid.gpu_index is not None else (xid.pci_bus or "a gpu")
             origin = " (kernel log)" if xid.source == "kmsg" else ""
             found.append(_gpu("xid", f"Xid {xid.xid} on {where}{origin}: {_xid_text(xid)}"))
@@ -120,18 +125,9 @@ def _xid_text(xid: XidEvent) -> str:
     return text.strip()[:160]
 
 
-def is_drain_xid(xid: XidEvent, config: HealthConfig) -> bool:
-    """Whether ``xid`` drains: the site's ``drain_xids`` if set, else the classifier's table, else the fallback."""
-    if config.drain_xids is not None:
-        return xid.xid in config.drain_xids
-    try:
-        from slurm_ft.classify.xid import XidKind, xid_info
-    except ImportError:
-        return xid.xid in FALLBACK_DRAIN_XIDS
-    try:
-        return xid_info(xid.xid).kind_for(xid.text) is XidKind.DRAIN
-    except (SlurmFtError, ValueError, OSError):
-        return xid.xid in FALLBACK_DRAIN_XIDS
+def fallback_drains(xid: XidEvent) -> bool:
+    """The fallback judge of an Xid: ``FALLBACK_DRAIN_XIDS``."""
+    return xid.xid in FALLBACK_DRAIN_XIDS
 
 
 def _judge_gpu(gpu: Any, config: HealthConfig) -> list[Finding]:

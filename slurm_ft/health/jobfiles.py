@@ -5,7 +5,13 @@ The epilog runs as root over paths the job's user controls. Rules:
 - the directory is reached component by component with ``O_NOFOLLOW``: a symlink swapped in after the path
   was resolved fails the walk instead of redirecting it;
 - the directory and every file read must be owned by the job's uid; files must be regular;
-- each file is read up to a byte limit (a larger one is skipped with a note), and only so many files are read.
+- each file is read up to a byte limit (a larger one is skipped with a note), and only so many files are read;
+- files are opened non-blocking, so a FIFO or a device cannot stall the reader.
+
+This is the one reader through which root code reads what a job wrote or named: the epilog (error files), the
+monitor (the job registry, node reports, the checkpoint dir's newest step) and the prolog. ``read_user_file`` reads
+by directory fd (a walk from ``open_user_dir``); ``read_trusted_json`` reads a file in a directory root owns (the
+state dir), the file itself owned by one of the uids given.
 """
 
 from __future__ import annotations
@@ -16,14 +22,15 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from slurm_ft.core.rundir import ErrorRecord
 
-_ERROR_NAME_RE = re.compile(r"^error\.rank(\d{1,7})\.json$")  # train.records.ERROR_GLOB, strictly
+_ERROR_NAME_RE = re.compile(r"^error\.rank(\d{1,7})\.json$")  # core.rundir.ERROR_GLOB, strictly
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+MAX_JSON_BYTES = 1 << 20  # a registry entry or a node report
 _MAX_TEXT = {"traceback": 16_384, "message": 4_096, "exc_type": 256, "host": 256}
 
 
@@ -56,13 +63,28 @@ def open_user_dir(path: str, uid: int) -> Iterator[int]:
 
 def read_user_file(dir_fd: int, name: str, uid: int, max_bytes: int) -> bytes:
     """The bytes of regular file ``name`` in ``dir_fd``, owned by ``uid`` and at most ``max_bytes`` long."""
-    fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    return _read_checked(os.open(name, _FILE_FLAGS, dir_fd=dir_fd), name, {uid}, max_bytes)
+
+
+def read_trusted_json(path: str | os.PathLike[str], uids: Iterable[int], max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """JSON from regular file ``path`` (the last component not a symlink) owned by one of ``uids``, at most
+    ``max_bytes`` long; None when it does not exist. Its directory must be root's (the state dir)."""
+    try:
+        fd = os.open(path, _FILE_FLAGS)
+    except FileNotFoundError:
+        return None
+    return json.loads(_read_checked(fd, str(path), set(uids), max_bytes).decode("utf-8", "replace"))
+
+
+def _read_checked(fd: int, name: str, uids: set[int], max_bytes: int) -> bytes:
+    """Read open ``fd`` (and close it) when it is a regular file owned by one of ``uids`` within ``max_bytes``."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafePath(f"{name} is not a regular file")
-        if st.st_uid != uid:
-            raise UnsafePath(f"{name} is owned by uid {st.st_uid}, not the job's uid {uid}")
+        if st.st_uid not in uids:
+            owners = "the job's uid" if len(uids) == 1 else "a trusted uid"
+            raise UnsafePath(f"{name} is owned by uid {st.st_uid}, not {owners} {', '.join(map(str, sorted(uids)))}")
         if st.st_size > max_bytes:
             raise UnsafePath(f"{name} is {st.st_size} bytes, over the {max_bytes} byte limit")
         data = os.read(fd, max_bytes + 1)
@@ -134,6 +156,17 @@ def latest_committed_step(ckpt_dir: str, uid: int, max_bytes: int = MANIFEST_MAX
             if int(manifest.step) == step:
                 return step
     return None
+
+
+def latest_step(ckpt_dir: str, uid: int | None = None) -> int | None:
+    """The newest committed checkpoint step in the job's ``ckpt_dir``, or None (also when it cannot be read). Read
+    as the job's ``uid`` (default: ours): the monitor runs as root over a directory the job's user controls."""
+    if not ckpt_dir:
+        return None
+    try:
+        return latest_committed_step(ckpt_dir, os.getuid() if uid is None else uid)
+    except (OSError, ValueError):
+        return None
 
 
 def _error_record(data: bytes, name: str) -> dict[str, Any]:

@@ -22,8 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-from slurm_ft.classify.xid import parse_xid_line
-from slurm_ft.health.records import XidEvent
+from slurm_ft.health.records import XidEvent, normalize_pci_bus
 
 _KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<msg>.*)$")
 _ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?(?:[+-]\d\d:?\d\d|Z)?)\s+(?P<msg>.*)$")
@@ -34,6 +33,43 @@ _BRACKET_RE = re.compile(r"^\[\s*(?P<secs>\d+\.\d+)\]\s+(?P<msg>.*)$")
 _JOURNAL_RE = re.compile(r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[\d:.,]+(?:[+-]\d{2}:?\d{2}|Z)?)"
                          r" (?P<host>[A-Za-z0-9][A-Za-z0-9._-]{0,63}) kernel: ")
 MAX_LINE_CHARS = 1024  # a kernel record is at most ~1 KiB; longer "lines" are cut, never trusted whole
+# "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."   (current drivers)
+# "NVRM: Xid (0000:3b:00): 13, Graphics Exception: ..."                       (older drivers, no "PCI:")
+_XID_LINE_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2}(?:\.[0-7])?)\): "
+    r"(?P<xid>\d{1,5})\b,?\s*(?P<text>[^\n]*)"
+)
+_PID_RE = re.compile(r"\bpid[=:]\s*'?(\d+)")
+
+
+def parse_xid_line(line: str) -> tuple[str, int, str] | None:
+    """``(pci_bus, xid, text)`` of an ``NVRM: Xid`` kernel line, else ``None``.
+
+    ``pci_bus`` is normalised to ``dddd:bb:dd`` (lower case); ``text`` is what follows the Xid number.
+    """
+    if "Xid" not in line:
+        return None
+    m = _XID_LINE_RE.search(line[:MAX_LINE_CHARS])
+    if m is None:
+        return None
+    return normalize_pci_bus(m["pci"]), int(m["xid"]), m["text"].strip()
+
+
+def parse_kmsg_xids(text: str, node: str) -> list[XidEvent]:
+    """Every Xid line in ``text`` (dmesg / journal / /dev/kmsg output) as ``XidEvent(source="kmsg")``."""
+    events = []
+    for line in text.splitlines():
+        parsed = parse_xid_line(line)
+        if parsed is not None:
+            pci, xid, _ = parsed
+            events.append(XidEvent(node=node, xid=xid, pci_bus=pci, text=line.strip()[:MAX_LINE_CHARS], source="kmsg"))
+    return events
+
+
+def xid_pid(text: str) -> int | None:
+    """The ``pid=N`` an Xid line names (the process that hit it), if any."""
+    m = _PID_RE.search(text)
+    return int(m.group(1)) if m else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

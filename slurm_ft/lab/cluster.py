@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.cluster import admin
 from slurm_ft.core import env as ft_env
 from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.lab import ports, procs, slurmconf
@@ -39,7 +39,7 @@ REQUIRED_PROGRAMS = {  # program -> Debian package
 }
 MAX_DIR_LENGTH = 72  # unix socket paths (munge, slurmstepd) must stay under 108 bytes
 STATE_FILE = "lab.json"
-LAB_STATE_DIR = "state"  # slurm-ft's state dir inside the lab (admin.lab_install writes its site config so)
+LAB_STATE_DIR = "state"  # slurm-ft's state dir inside the lab (hook_lines writes its site config so)
 LAB_SITE_CONFIG = "etc/slurm-ft/config.toml"
 
 
@@ -67,7 +67,7 @@ class LabConfig:
     base_port: int | None = None
     slurmd_timeout: int = 10
     min_job_age: int = 300
-    hooks: bool = True  # append slurm_ft.cluster.admin.lab_install() lines (prolog, epilog, plugstack) when available
+    hooks: bool = True  # install slurm-ft (prolog, epilog, plugstack: hook_lines) and append its slurm.conf lines
     slurm_user: str = "root"
     extra_conf: tuple[str, ...] = ()  # more slurm.conf lines, appended last
     start_timeout: float = 60.0
@@ -542,17 +542,11 @@ def node_ready(node: NodeInfo) -> bool:
 
 
 def hook_lines(lab_dir: Path, *, slurm_user: str) -> list[str]:
-    """Extra slurm.conf lines from ``slurm_ft.cluster.admin.lab_install`` (prolog/epilog/plugstack), if it exists yet."""
-    try:
-        admin = importlib.import_module("slurm_ft.cluster.admin")
-    except ModuleNotFoundError as exc:
-        if exc.name in ("slurm_ft.cluster.admin", "slurm_ft"):
-            return []
-        raise
-    install = getattr(admin, "lab_install", None)
-    if install is None:
-        return []
-    return [str(line) for line in install(lab_dir, slurm_user=slurm_user)]
+    """Install slurm-ft into the lab (``slurm_ft.cluster.admin.install_in_dir``: prolog, epilog, SPANK plugin, site
+    config with the TEST-ONLY knobs on); the slurm.conf lines it needs."""
+    lab_dir = Path(lab_dir).absolute()
+    return admin.install_in_dir(lab_dir, config_dir=(lab_dir / LAB_SITE_CONFIG).parent,
+                                state_dir=lab_dir / LAB_STATE_DIR, slurm_user=slurm_user)
 
 
 def check_prerequisites(which: Callable[[str], str | None] = shutil.which,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import os
 import signal
 from pathlib import Path
 
-from slurm_ft.core.rundir import read_heartbeats
+from slurm_ft.core import env as ft_env
+from slurm_ft.core.rundir import read_events, read_heartbeats
+from slurm_ft.lab import procs
 
 
 class Fault(str, enum.Enum):
@@ -50,17 +51,6 @@ class Recovery:
     recovery_s: float | None = None  # fault detected -> first heartbeat of the next attempt (poll resolution)
     steps_lost: int | None = None  # steps done before the fault that were redone (last step - resume step)
     wall_s: float | None = None  # first attempt start -> exit
-
-
-def read_events(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "events.jsonl"
-    events = []
-    for line in path.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line is not an event
-    return events
 
 
 def summarize(run_dir: str | Path) -> Recovery:
@@ -148,8 +138,6 @@ def _parent(pid: int) -> int:
 
 def _job_processes(lab, **match: str) -> list[tuple[int, dict[str, str]]]:
     """Processes of ``lab``'s jobs whose environment has every ``match`` item (e.g. SLURMD_NODENAME="n2")."""
-    from slurm_ft.lab import procs
-
     spared = procs.ancestors(os.getpid())
     found = []
     for pid in procs.all_pids():
@@ -166,8 +154,6 @@ def crash_node(lab, node: str) -> list[int]:
 
     Slurm notices only after SlurmdTimeout (the job then ends NODE_FAIL unless it runs with ``--no-kill``);
     the ranks on other nodes see their peer's connections drop at once. Returns the pids killed."""
-    from slurm_ft.lab import procs
-
     lab.stop_node(node)
     tasks = [pid for pid, _ in _job_processes(lab, SLURMD_NODENAME=node)]
     stepds = {ppid for ppid in map(_parent, tasks) if procs.comm(ppid) == "slurmstepd"}
@@ -184,8 +170,6 @@ def crash_node(lab, node: str) -> list[int]:
 def rank_pid(lab, job_id: int, rank: int) -> int | None:
     """The pid of global rank ``rank`` of job ``job_id``'s newest step: the task slurmstepd started, or the
     training process under it when that task is the launcher's per-rank wrapper (``slurm_ft.launch.rank``)."""
-    from slurm_ft.lab import procs
-
     found = _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
     tasks = [(int(env["SLURM_STEP_ID"]), pid) for pid, env in found
              if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(_parent(pid)) == "slurmstepd"
@@ -203,8 +187,6 @@ def standby_rank_pid(wrapper_env: dict[str, str], rank: int) -> int | None:
     """The rank a warm standby runs for a wrapper with no child of its own (``slurm_ft.launch.standby``): the pid
     its heartbeat names, when that is a live child of a standby (a spare that became the rank: its command line
     is the spare's, so nothing else names it)."""
-    from slurm_ft.core import env as ft_env
-    from slurm_ft.lab import procs
 
     run_dir = ft_env.job_setting(ft_env.RUN_DIR, wrapper_env)
     if not run_dir:
@@ -249,8 +231,6 @@ def is_trainer(argv: tuple[str, ...], module: str = TRAINER_MODULE) -> bool:
 def training_processes(lab, job_id: int, module: str = TRAINER_MODULE) -> list[RankProcess]:
     """The live training processes of job ``job_id``, whoever started them (srun, torchrun's agent). The rank
     is ``RANK`` (torchrun) or else ``SLURM_PROCID``."""
-    from slurm_ft.lab import procs
-
     found = []
     for pid, env in _job_processes(lab, SLURM_JOB_ID=str(job_id)):
         rank = env.get("RANK") or env.get("SLURM_PROCID", "")

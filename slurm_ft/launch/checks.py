@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from slurm_ft.core import comment as job_comment
 from slurm_ft.core import env as ft_env
-from slurm_ft.core.errors import ConfigError
+from slurm_ft.core.errors import ConfigError, SlurmFtError
+from slurm_ft.core.rundir import EVENTS_FILE, RUN_SUBDIR
 from slurm_ft.launch.rank_env import check_torchrun, is_torchrun
-from slurm_ft.core.rundir import RUN_SUBDIR
 
 EX_CONFIG = 2
 
@@ -71,13 +72,9 @@ def preflight(command: Sequence[str], *, allocation: Sequence[str], nodes: int |
 def refuse(message: str, *, set_comment: Callable[[str], None], environ: Mapping[str, str]) -> int:
     """Stop the job for a configuration mistake: the message on stderr (the job's output), in the Comment as
     ``stopped cause=config by=launch``, and in the run dir's events when it can be written."""
-    from slurm_ft.core.errors import SlurmFtError
-    from slurm_ft.launch.launcher import EVENTS_FILE
-    from slurm_ft.cluster.monitor import stop_comment
-
     print(f"slurm-ft: config: {message}", file=sys.stderr, flush=True)
     try:
-        set_comment(stop_comment("config", f"by=launch {message}", ()))
+        set_comment(job_comment.stopped("config", f"by=launch {message}"))
     except SlurmFtError as exc:
         print(f"slurm-ft: the job's Comment was not set: {exc}", file=sys.stderr, flush=True)
     run_dir = ft_env.job_setting(ft_env.RUN_DIR, environ)

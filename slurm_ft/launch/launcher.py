@@ -33,7 +33,6 @@ to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}`
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import enum
 import json
@@ -49,23 +48,41 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurm_ft.classify.engine import victims_view
+from slurm_ft.core import comment as job_comment
 from slurm_ft.core import env as ft_env
-from slurm_ft.core.budget import Budget, counts, with_counts
-from slurm_ft.core.taxonomy import Category
+from slurm_ft.core.budget import Budget
 from slurm_ft.core.config import require
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.launch.rank_env import wire
-from slurm_ft.launch.text import describe
-from slurm_ft.slurm.types import NodeInfo
+from slurm_ft.core.rundir import (
+    END_GLOB,
+    ERROR_GLOB,
+    EVENTS_FILE,
+    HANG_GLOB,
+    HEARTBEAT_GLOB,
+    STACK_GLOB,
+    RankState,
+    read_ends,
+    read_errors,
+    read_heartbeats,
+    read_rank_states,
+)
+from slurm_ft.core.taxonomy import Category
+from slurm_ft.health.jobfiles import latest_step
 from slurm_ft.launch import bell as fault_bell
-from slurm_ft.core.rundir import (END_GLOB, ERROR_GLOB, HANG_GLOB, HEARTBEAT_GLOB, STACK_GLOB, RankState,
-                                    read_ends, read_errors, read_heartbeats, read_rank_states, run_dir_for)
+from slurm_ft.launch.hang import rank_states
+from slurm_ft.launch.preempt import PreemptConfig, requeue_job
+from slurm_ft.launch.rank_env import wire
+from slurm_ft.launch.standby import STOP_SIGNAL, script_of
 from slurm_ft.launch.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
+from slurm_ft.launch.text import describe
+from slurm_ft.launch.verdict import attempt_evidence, paragraph, root_cause
+from slurm_ft.slurm.address import master_addr
+from slurm_ft.slurm.types import NodeInfo
 
 log = logging.getLogger("slurm_ft.launch.launcher")
 
 EX_TEMPFAIL = 75  # sysexits.h: the allocation cannot recover; the monitor should requeue the job
-EVENTS_FILE = "events.jsonl"
 COMMENT_FLUSH_S = 30.0  # how long the launcher waits for its Comment to be written before a requeue or its exit
 LIVENESS_STALE_S = 6.0  # a rank's liveness beat (every 2 s by default) unchanged this long: the rank is stuck itself
 
@@ -207,25 +224,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def master_addr(node: str, environ: Mapping[str, str]) -> str:
-    """``$MASTER_ADDR`` if set, else ``node``'s address."""
-    return environ.get("MASTER_ADDR") or node_addr(node)
-
-
-def node_addr(node: str, resolve=socket.getaddrinfo) -> str:
-    """``node``'s address: IPv4 where it has one, else IPv6 (IPv6-only clusters); 127.0.0.1 when it does not
-    resolve (the lab's nodes)."""
-    try:
-        found = [(family, sockaddr[0]) for family, _, _, _, sockaddr in resolve(node, None, type=socket.SOCK_STREAM)]
-    except (OSError, UnicodeError):
-        return "127.0.0.1"
-    for wanted in (socket.AF_INET, socket.AF_INET6):
-        for family, addr in found:
-            if family == wanted:
-                return addr
-    return "127.0.0.1"
 
 
 # --- pure pieces ----------------------------------------------------------------------------------------------
@@ -370,12 +368,10 @@ class Launcher:
         self.store = store  # holds each restart's rendezvous store open before the ranks start (else rank 0 does)
         self.bell = bell  # wakes the attempt's poll loop when a rank ends badly (else it sees it a poll later)
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
-        from slurm_ft.launch.preempt import PreemptConfig
-
         self.latch, self.preempt = latch, preempt or PreemptConfig()  # SIGUSR1/SIGTERM: save, requeue
         self.requeue = requeue  # requeues this job (after the ranks' emergency save on SIGUSR1)
         self.comment = comment  # the job's Comment: the resume hint, the cause, the restart budget's counts
-        self.budget = Budget(limit=config.max_restarts, requeues=requeues, **counts(comment))  # slurm_ft.core.budget
+        self.budget = Budget(limit=config.max_restarts, requeues=requeues, **job_comment.counts(comment))
         self.wanted = config.nodes if config.nodes is not None else len(self.allocation) - config.spare_nodes
         if self.wanted < 1 or self.wanted > len(self.allocation):
             raise SlurmFtError(f"launch: need {self.wanted} node(s) from an allocation of {len(self.allocation)} "
@@ -401,11 +397,9 @@ class Launcher:
 
     def _run(self) -> int:
         if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
-            from slurm_ft.cluster.monitor import stop_comment
-
             why = (f"restart budget exhausted ({self.budget.used} restarts > {self.budget.limit}: "
                    f"{self.requeues} requeues, {self.budget.in_place} in place, {self.budget.free} not for faults)")
-            self._comment(stop_comment("unknown", f"by=launch {why}", ()))
+            self._comment(job_comment.stopped("unknown", f"by=launch {why}"))
             return self._exit(1, why)
         self._archive("earlier")  # a requeued job's run dir holds the previous run's beats and errors
         while True:
@@ -437,10 +431,8 @@ class Launcher:
                 self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
                 continue  # a membership change: no retry used
             if result.outcome is Outcome.FAILED and not self._recoverable(verdict):
-                from slurm_ft.cluster.monitor import stop_comment
-
                 category, reason, evidence = self._stopping
-                self._comment(stop_comment(category, f"by=launch {reason}", evidence))
+                self._comment(job_comment.stopped(category, f"by=launch {reason}", evidence))
                 return self._exit(result.exit_code or 1, "not recoverable in place", cause=category)
             if self.budget.left == 0:
                 return self._exit(result.exit_code or 1, f"restart budget exhausted ({self.budget.used} of "
@@ -477,13 +469,13 @@ class Launcher:
         while waiting and self.clock() < deadline:
             self.sleep(min(2.0, max(self.config.poll_s, 0.1)))
             waiting = sorted(set(waiting) - self._flagged(waiting))
-        self._comment(f"slurm-ft: tempfail bad_nodes={'+'.join(sorted(bad))} attempts={self.attempts}")
+        self._comment(job_comment.tempfail(bad, self.attempts))
         return self._exit(EX_TEMPFAIL, "node unhealthy and no spare left", bad=sorted(bad), unconfirmed=waiting)
 
     def _comment(self, text: str, *, wait: bool = True) -> None:
-        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.core.budget); ``wait=False``
+        """Set the job's Comment to ``text`` with the restart budget's counts (slurm_ft.core.comment); ``wait=False``
         leaves the write to the writer's thread (a restart does not wait for scontrol)."""
-        text = self.comment = with_counts(text, in_place=self.budget.in_place, free=self.budget.free)
+        text = self.comment = job_comment.with_counts(text, in_place=self.budget.in_place, free=self.budget.free)
         if self._comments is None:
             return
         self._comments.set(text)
@@ -515,19 +507,18 @@ class Launcher:
 
     def _preempted(self) -> int:
         """After the ranks' emergency save: SIGUSR1 -> requeue from that step; SIGTERM -> end, Slurm decides."""
-        from slurm_ft.launch.preempt import preemption_comment, requeue_job
-
         signum = self.latch.signum
         step = self._committed()
         self._event("preempted", signal=signal.Signals(signum).name, attempt=self.attempts, resume_step=step)
         if signum != signal.SIGUSR1:
             return self._exit(128 + signum, "SIGTERM: the ranks saved; Slurm ends the job", resume_step=step)
         self.budget = dataclasses.replace(self.budget, free=self.budget.free + 1)  # not a fault: no restart used
-        self._comment(preemption_comment(self.requeues + 1, step))
+        self._comment(job_comment.requeue(self.requeues + 1, step, Category.PREEMPTION.value,
+                                          by=job_comment.BY_LAUNCH))
         why = requeue_job(self.requeue)
         if why:
             self._event("requeue_error", error=why)
-            self._comment(f"slurm-ft: tempfail cause=preemption resume_step={step} attempts={self.attempts}")
+            self._comment(job_comment.tempfail_preempted(step, self.attempts))
             return self._exit(EX_TEMPFAIL, f"SIGUSR1: the ranks saved; the requeue failed: {why}", resume_step=step)
         return self._exit(0, "SIGUSR1: the ranks saved; requeued", cause="preemption", resume_step=step)
 
@@ -597,8 +588,6 @@ class Launcher:
     def _standby_python(self) -> str | None:
         """The interpreter the ranks run, when the command is one a standby can run (``python SCRIPT``,
         ``python -m MODULE``) and standbys are on."""
-        from slurm_ft.launch.standby import script_of
-
         python = command_python(self.config.command)
         if python is None or self._standby_off or not (self.config.standby and self.config.rank_records):
             return None
@@ -643,8 +632,6 @@ class Launcher:
 
     def _stop_standby(self) -> None:
         """The standbys exit quietly on their stop signal (srun's own SIGTERM would SIGKILL them, noisily)."""
-        from slurm_ft.launch.standby import STOP_SIGNAL
-
         running = [proc for _, proc in self._standbys if proc.poll() is None]
         for proc in running:
             proc.send_signal(STOP_SIGNAL)
@@ -657,8 +644,6 @@ class Launcher:
 
     def _committed(self) -> int | None:
         """The newest committed checkpoint step (what this attempt resumes from), when the ckpt dir is known."""
-        from slurm_ft.cluster.monitor import latest_step
-
         return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
     def _failure_evidence(self) -> bool | None:
@@ -668,8 +653,6 @@ class Launcher:
         recorded after it, or only a victim's view ("Connection closed by peer"; its time may precede the bad
         end's record by the wrapper's lag). How their processes end changes no verdict, and waiting for it (a torch
         process with its collectives' threads takes a while to exit, seconds with CUDA) only delays the restart."""
-        from slurm_ft.classify.engine import victims_view
-
         errors = read_errors(self.config.run_dir)
         ends = read_ends(self.config.run_dir)
         first_bad = min((end.time for end in ends if end.failed), default=None)
@@ -694,8 +677,6 @@ class Launcher:
 
     def _hang_evidence(self, chosen: list[str], watch: HangWatch, now: float) -> tuple[RankState, ...]:
         """Every rank's process state and stacks, read on its node, plus liveness and step as we saw them."""
-        from slurm_ft.launch.hang import rank_states
-
         why = self.gather_hang(chosen, self.config.run_dir) if self.gather_hang is not None else "not asked"
         if why:
             self._event("hang_evidence_partial", attempt=self.attempts, why=why)
@@ -706,8 +687,6 @@ class Launcher:
         """The attempt's verdict (culprit rank and node), as a ``verdict`` event and a root cause paragraph."""
         if self.classify_fn is None:
             return None
-        from slurm_ft.launch.verdict import attempt_evidence, paragraph, root_cause
-
         evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick)
         verdict = self.classify_fn(evidence)
         cause = root_cause(verdict, evidence)
@@ -812,212 +791,3 @@ class Launcher:
                 fh.write(line + "\n")
         except OSError as exc:
             log.warning("cannot write %s: %s", self.config.run_dir / EVENTS_FILE, exc)
-
-
-# --- CLI ------------------------------------------------------------------------------------------------------
-def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> None:
-    parser = subparsers.add_parser(name, help="run the training command over the allocation, restarting on faults",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, help="nodes per attempt (default: allocation minus spares)")
-    parser.add_argument("--ntasks-per-node", type=int, default=1, help="ranks per node (default 1)")
-    parser.add_argument("--hang-timeout", type=float, help="seconds without heartbeat progress = hang (0 off)")
-    parser.add_argument("--startup-grace", type=float, default=60.0, help="seconds before hang checks start")
-    parser.add_argument("--max-restarts", type=int, help="the job's restart budget: in-place restarts and requeues "
-                                                         "together (default $SLURM_FT_MAX_RESTARTS or 3)")
-    parser.add_argument("--spare-nodes", type=int, help="allocation nodes held back as spares")
-    parser.add_argument("--run-dir", help="heartbeats/error files (default $SLURM_FT_RUN_DIR or <ckpt>/.slurm-ft)")
-    parser.add_argument("--probe-timeout", type=float, default=10.0,
-                        help="seconds a node may take to run a probe step after a failure (0 off; default 10)")
-    parser.add_argument("--node-fail-wait", type=float, default=60.0,
-                        help="seconds to wait for Slurm to declare a bad node before exiting 75 (default 60)")
-    parser.add_argument("--no-rank-records", action="store_true",
-                        help="run CMD without the per-rank wrapper that records how each rank ended")
-    parser.add_argument("--no-standby", action="store_true",
-                        help="restart ranks cold instead of from warm standby processes that imported torch "
-                             "while the first attempt trained")
-    parser.add_argument("--no-launcher-store", action="store_true",
-                        help="let rank 0 host each restart's rendezvous store (as torch does) instead of a store "
-                             "the launcher holds open before the ranks start; for scripts that make their own "
-                             "TCPStore server at MASTER_PORT")
-    parser.add_argument("--preempt-deadline", type=float,
-                        help="seconds the ranks get to save after SIGUSR1/SIGTERM (default $SLURM_FT_PREEMPT_DEADLINE "
-                             "or 25; on SIGTERM at most KillWait - 5)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
-    parser.set_defaults(func=_main)
-
-
-def _int_setting(value: int | None, name: str, default: int, environ: Mapping[str, str]) -> int:
-    if value is not None:
-        return value
-    text = ft_env.job_setting(name, environ)
-    if text is None:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise SlurmFtError(f"launch: {ft_env.PREFIX}{name} must be an integer, got {text!r}") from None
-
-
-def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchConfig:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    hang = args.hang_timeout
-    if hang is None:
-        text = ft_env.job_setting(ft_env.HANG_TIMEOUT, environ)
-        try:
-            hang = float(text) if text else 300.0
-        except ValueError:
-            raise SlurmFtError(f"launch: {ft_env.PREFIX}{ft_env.HANG_TIMEOUT} must be a number, got {text!r}") from None
-    ckpt = ft_env.job_setting(ft_env.CKPT_DIR, environ)
-    run_dir = args.run_dir or ft_env.job_setting(ft_env.RUN_DIR, environ) or (
-        str(run_dir_for(ckpt)) if ckpt else f".slurm-ft-{environ.get('SLURM_JOB_ID', 'local')}")
-    try:
-        return LaunchConfig(command=tuple(command), nodes=args.nodes, ntasks_per_node=args.ntasks_per_node,
-                            hang_timeout_s=hang, startup_grace_s=args.startup_grace,
-                            max_restarts=_int_setting(args.max_restarts, ft_env.MAX_RESTARTS, 3, environ),
-                            spare_nodes=_int_setting(args.spare_nodes, ft_env.SPARE_NODES, 0, environ),
-                            run_dir=Path(run_dir).absolute(), probe_timeout_s=args.probe_timeout,
-                            node_fail_wait_s=args.node_fail_wait,
-                            rank_records=not getattr(args, "no_rank_records", False),
-                            standby=not getattr(args, "no_standby", False),
-                            launcher_store=not getattr(args, "no_launcher_store", False))
-    except ValueError as exc:
-        raise SlurmFtError(f"launch: {exc}") from exc
-
-
-def _register_with_monitor(config: LaunchConfig, environ: Mapping[str, str]) -> None:
-    """Write ``<state_dir>/jobs/<job_id>.json`` so the monitor watches this job, unless it was submitted with the
-    SPANK options (the prolog registers those, as root, where the site config says); skipped when the state dir is
-    not writable (the usual case for users)."""
-    from slurm_ft.core import config as ft_config
-    from slurm_ft.core.errors import ConfigError
-    from slurm_ft.cluster.monitor import write_registration
-    from slurm_ft.core.registry import FtJob, registry_path
-
-    job_id = environ.get("SLURM_JOB_ID", "")
-    if not job_id.isdigit() or environ.get(ft_env.SPANK_JOB_PREFIX + ft_env.ENABLED):
-        return  # submitted with --ft: the prolog registered it, in the state dir of the site (or lab) config
-    try:
-        state = ft_config.state_dir(ft_config.load_site_config())
-    except ConfigError as exc:
-        log.info("not registered with the monitor (%s)", exc)
-        return
-    if os.path.lexists(registry_path(state, int(job_id))):
-        return
-    try:
-        write_registration(state, FtJob.from_settings(int(job_id), ft_env.job_settings(environ),
-                                                      run_dir=str(config.run_dir), max_restarts=config.max_restarts,
-                                                      user_id=os.getuid()))
-    except OSError as exc:
-        log.info("not registered with the monitor (%s)", exc)
-
-
-def _main(args: argparse.Namespace) -> int:
-    from slurm_ft.cluster.monitor import parse_restart_cause, parse_resume_step
-    from slurm_ft.slurm.parsers import expand_hostlist
-
-    from slurm_ft.launch import checks as launch_checks, preempt as launch_preempt
-
-    latch = launch_preempt.SignalLatch()
-    latch.install()  # from the start: a SIGUSR1 while starting up must not kill the launcher
-    environ = dict(os.environ)
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not nodelist:
-        raise SlurmFtError("launch: not inside a Slurm allocation (SLURM_JOB_NODELIST is unset)")
-    allocation = expand_hostlist(nodelist)
-    client = _client()
-    job_id = environ.get("SLURM_JOB_ID", "")
-
-    def set_comment(text: str) -> None:
-        if client is not None and job_id.isdigit():
-            client.update_job(int(job_id), comment=text)
-
-    try:  # a configuration mistake fails every attempt alike: stop now, say what works
-        config = config_from_args(args, environ)
-        launch_checks.preflight(config.command, allocation=allocation, nodes=config.nodes,
-                                spare_nodes=config.spare_nodes, ntasks_per_node=config.ntasks_per_node,
-                                run_dir=config.run_dir, environ=environ)
-        preempt = launch_preempt.PreemptConfig(
-            deadline_s=launch_preempt.deadline_setting(getattr(args, "preempt_deadline", None), environ),
-            kill_wait_s=launch_preempt.kill_wait(environ))
-    except SlurmFtError as exc:
-        return launch_checks.refuse(str(exc), set_comment=set_comment, environ=environ)
-    _register_with_monitor(config, environ)
-    comment = _job_comment(client, job_id)
-    resume = ft_env.job_setting(ft_env.RESUME_STEP, environ)
-    resume_step = int(resume) if resume and resume.isdigit() else parse_resume_step(comment)
-    restart_cause = parse_restart_cause(comment)
-
-    def node_states() -> dict[str, NodeInfo]:
-        return {n.name: n for n in client.nodes()} if client is not None else {}
-
-    def probe(nodes: Sequence[str]) -> dict[str, str]:
-        return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s))
-
-    def requeue() -> None:
-        if client is None or not job_id.isdigit():
-            raise SlurmFtError("launch: no Slurm client or job id to requeue")
-        client.requeue(int(job_id))
-
-    from slurm_ft.classify import classify
-    from slurm_ft.launch.probe import ProbeConfig, probe_nodes
-
-    requeues = environ.get("SLURM_RESTART_COUNT", "0")
-    def gather_hang(nodes: Sequence[str], run_dir: Path) -> str:
-        from slurm_ft.launch.hang import gather_on_nodes
-
-        return gather_on_nodes(nodes, run_dir, environ)
-
-    launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
-                        classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
-                        requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
-                        latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
-                        store=store_keeper(config, allocation, environ), bell=bell_for(environ))
-    return launcher.run()
-
-
-def bell_for(environ: Mapping[str, str]) -> Waker | None:
-    """The fault bell (``slurm_ft.launch.bell``) at this node's address, or None where no socket can be had."""
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    try:
-        return fault_bell.Bell(node_addr(node))
-    except OSError as exc:
-        log.info("no fault bell (failures seen at the next poll): %s", exc)
-        return None
-
-
-def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str]) -> StoreHost | None:
-    """The keeper of the restarts' rendezvous stores (``slurm_ft.launch.store``), or None where rank 0 keeps hosting
-    them: turned off, a torchrun command (its agent holds its own store), a ``$MASTER_ADDR`` of the user's, or a
-    launcher outside the allocation's nodes (the ranks may not reach it)."""
-    from slurm_ft.launch.rank_env import is_torchrun
-    from slurm_ft.launch.store import StoreKeeper
-
-    node = environ.get("SLURMD_NODENAME", "")
-    if (not config.launcher_store or is_torchrun(config.command) or environ.get("MASTER_ADDR")
-            or node not in allocation):
-        return None
-    return StoreKeeper(command_python(config.command) or sys.executable, master_addr(node, environ), environ=environ)
-
-
-def _job_comment(client: Any, job_id: str) -> str:
-    """This job's Comment (where the monitor leaves the resume hint and the requeue's cause), or ""."""
-    if client is None or not job_id.isdigit():
-        return ""
-    try:
-        job = client.job(int(job_id))
-    except SlurmFtError as exc:
-        log.info("job Comment not read (no resume hint or restart cause): %s", exc)
-        return ""
-    return job.comment if job is not None else ""
-
-
-def _client():
-    try:
-        from slurm_ft.slurm.backend import make_client
-
-        return make_client()
-    except (SlurmFtError, OSError) as exc:
-        log.info("no Slurm client: %s", exc)
-        return None

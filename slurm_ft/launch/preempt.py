@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from slurm_ft.core.config import require
+from slurm_ft.core.errors import ConfigError, SlurmFtError
 
 DEFAULT_DEADLINE_S = 25.0
 KILL_WAIT_MARGIN_S = 5.0  # after the ranks: the Comment, the requeue, the launcher's own exit
@@ -106,8 +107,6 @@ def deadline_setting(flag: float | None, environ: Mapping[str, str]) -> float:
     try:
         return float(text)
     except ValueError:
-        from slurm_ft.core.errors import ConfigError
-
         raise ConfigError(f"launch: {PREEMPT_DEADLINE} must be a number of seconds, got {text!r}") from None
 
 
@@ -115,17 +114,8 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def preemption_comment(restart: int, resume_step: int | None) -> str:
-    """The requeue Comment the launcher sets before requeueing itself (the monitor adopts it as is)."""
-    from slurm_ft.cluster.monitor import requeue_comment
-
-    return f"{requeue_comment(restart, resume_step, 'preemption')} by=launch"
-
-
 def requeue_job(requeue: Callable[[], None] | None) -> str:
     """Requeue this job; "" when done, else why not (no Slurm client, or Slurm refused: ``--no-requeue``)."""
-    from slurm_ft.core.errors import SlurmFtError
-
     if requeue is None:
         return "no Slurm client"
     try:
@@ -133,12 +123,3 @@ def requeue_job(requeue: Callable[[], None] | None) -> str:
     except SlurmFtError as exc:
         return str(exc)[-300:]
     return ""
-
-
-def launcher_requeue(comment: str, restart_count: int) -> bool:
-    """Whether the job's Comment is the launcher's own preemption requeue for run ``restart_count``."""
-    from slurm_ft.cluster.monitor import _comment_words
-
-    words = _comment_words(comment)
-    return (words.get("by") == "launch" and words.get("cause") == "preemption"
-            and words.get("restart") == str(restart_count))

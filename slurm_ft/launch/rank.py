@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.core import env as ft_env
-from slurm_ft.launch import bell, standby
 from slurm_ft.core import rundir as records
+from slurm_ft.health.cgroup import oom_kills
+from slurm_ft.launch import bell, standby
 
 TAIL_BYTES = 8192
 OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -75,38 +76,6 @@ def _write_all(fd: int, data: bytes) -> None:
             data = data[os.write(fd, data):]
     except OSError:
         return  # our stderr is gone: keep the tail, lose the copy
-
-
-def oom_kills(proc_root: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """The OOM killer's kill count of this process's memory cgroup (v2 ``memory.events``, v1
-    ``memory.oom_control``); None when there is none to read (no memory cgroup, the root cgroup)."""
-    try:
-        lines = (proc_root / "self" / "cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
-        if controllers == "" and path:  # v2: "0::/path"
-            count = _counter(cgroup_root / path.lstrip("/") / "memory.events", "oom_kill")
-        elif "memory" in controllers.split(","):
-            count = _counter(cgroup_root / "memory" / path.lstrip("/") / "memory.oom_control", "oom_kill")
-        else:
-            continue
-        if count is not None:
-            return count
-    return None
-
-
-def _counter(path: Path, key: str) -> int | None:
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == key and value.strip().isdigit():
-            return int(value)
-    return None
 
 
 def end_record(rank: int, code: int, *, pid: int, when: float, oom_before: int | None, oom_after: int | None,

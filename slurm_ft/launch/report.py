@@ -14,12 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slurm_ft.core.taxonomy import culprit_text
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.lab.faults import read_events
-from slurm_ft.launch.launcher import EVENTS_FILE
-from slurm_ft.core.rundir import RUN_SUBDIR
-
+from slurm_ft.core.rundir import EVENTS_FILE, RUN_SUBDIR, read_events
+from slurm_ft.core.taxonomy import culprit_text
 
 LOST = "no end recorded (the launcher died: its node?)"
 

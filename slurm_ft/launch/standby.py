@@ -1,8 +1,8 @@
 """Warm standby ranks: a rank restarted in the allocation starts in an interpreter that has already imported torch.
 
 Restarting a rank cold costs the interpreter and the torch import (seconds per rank, and on a busy node all ranks
-import at once). The launcher (``slurm_ft.launch.launcher``) therefore starts, once the first attempt trains, one standby
-per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
+import at once). The launcher (``slurm_ft.launch.launcher``) therefore starts, once the first attempt trains, one
+standby per task slot (node, local task id) in a step of its own (``srun --overlap``): ``python -m
 slurm_ft.launch.standby``. Each is a keeper that never imports torch: it listens on an abstract unix socket named by
 job, node and slot (``address``) and keeps one spare, a fresh interpreter of its own (``Spare``) that imports the
 preload modules and waits.
@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from slurm_ft.core import env as ft_env
+from slurm_ft.health.cgroup import oom_kills
 
 ENV = ft_env.STANDBY  # set by the launcher on attempts that may use a standby: the interpreter it runs
 PRELOAD_ENV = ft_env.STANDBY_PRELOAD  # extra modules the standby imports (comma separated)
@@ -479,8 +480,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def keep(python: str, preload: Sequence[str], refill_after_s: float) -> int:
     """The keeper of this task's slot: serve until stopped; 1 (with the reason) when it cannot."""
-    from slurm_ft.launch.rank import oom_kills
-
     where = slot_address(os.environ)
     if where is None:
         print("slurm-ft standby: not in a Slurm step (SLURM_JOB_ID, SLURMD_NODENAME, SLURM_LOCALID)", file=sys.stderr)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.classify.records import Evidence, NodeEvent
-from slurm_ft.core.taxonomy import Verdict
 from slurm_ft.core.rundir import RankState, read_ends, read_errors
+from slurm_ft.core.taxonomy import Verdict
 
 PROBE_REASON = "slurm-ft launch: failed the probe step or marked unhealthy by Slurm after the attempt"
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slurm_ft.slurm import parsers
 from slurm_ft.core.errors import SlurmFormatError
+from slurm_ft.slurm import parsers
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 VERSION = "v0.0.42"

@@ -50,15 +50,15 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from slurm_ft.core import env
+from slurm_ft.core import env, layout
+from slurm_ft.core import rundir as records
 from slurm_ft.core.budget import NOT_FAULTS
 from slurm_ft.core.config import require
 from slurm_ft.core.errors import ConfigError, SlurmFtError
-from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.slurm.types import JobState
 from slurm_ft.train import gloo_exit
-from slurm_ft.core import layout, rundir as records
 from slurm_ft.train.console import show_progress
+from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
 

@@ -36,14 +36,22 @@ import torch.distributed as dist
 from torch import nn
 
 from slurm_ft.core import env
-from slurm_ft.train.interval import AdaptiveIntervalConfig
-from slurm_ft.slurm.parsers import expand_hostlist
 from slurm_ft.core import rundir as records
+from slurm_ft.slurm.address import master_addr
+from slurm_ft.slurm.parsers import expand_hostlist
 from slurm_ft.train import topology
-from slurm_ft.train.checkpoint import (AGREE_EVERY_S, AUTO, AUTO_MIN_INTERVAL_S, EMERGENCY_DEADLINE_S,
-                                      CheckpointConfig, CheckpointManager)
+from slurm_ft.train.checkpoint import (
+    AGREE_EVERY_S,
+    AUTO,
+    AUTO_MIN_INTERVAL_S,
+    EMERGENCY_DEADLINE_S,
+    CheckpointConfig,
+    CheckpointManager,
+)
 from slurm_ft.train.errors import StepTracker, record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
+from slurm_ft.train.interval import AdaptiveIntervalConfig
+from slurm_ft.train.timeline import TimelineWriter
 
 IN_FEATURES = 16
 BATCH = 24
@@ -139,7 +147,6 @@ def rendezvous_env(environ) -> None:
     """Fill MASTER_ADDR/MASTER_PORT for srun without a launcher: the step's first node (rank 0 runs there),
     resolved as the launcher does; the port derived from the job id."""
     if not environ.get("MASTER_ADDR"):
-        from slurm_ft.launch.launcher import master_addr
         nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST", "")) or topology.allocated_nodes(environ)
         environ["MASTER_ADDR"] = master_addr(nodes[0], environ) if nodes else "127.0.0.1"
     if not environ.get("MASTER_PORT"):
@@ -288,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu")
     timeline = None
     if args.timeline and rank == 0:
-        from slurm_ft.bench.timeline import TimelineWriter
         timeline = TimelineWriter(args.timeline)
         timeline.write("launch")
     with record_errors(run_dir, rank) as tracker:

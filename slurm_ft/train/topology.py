@@ -21,10 +21,10 @@ import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from slurm_ft.core import env
+from slurm_ft.core import env, layout
+from slurm_ft.core import rundir as records
 from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.slurm.parsers import expand_hostlist
-from slurm_ft.core import layout, rundir as records
 
 log = logging.getLogger("slurm_ft.train.topology")
 

@@ -11,10 +11,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from labutil import cancel, jobs_dir, output_of, submit, wait_job
 
-from slurm_ft.cluster.monitor import latest_step
+from slurm_ft.health.jobfiles import latest_step
 from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab

@@ -17,9 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 from slurm_ft.core import layout
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 
 pytestmark = pytest.mark.gloo
 

@@ -15,8 +15,8 @@ import uuid
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
 import torch.utils.serialization
+from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from slurm_ft.core import layout

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from slurm_ft.bench import timeline as tl
-from slurm_ft.train import example
 from slurm_ft.core import layout
+from slurm_ft.train import example
 from slurm_ft.train.storage import CRASH_POINTS
 
 pytestmark = pytest.mark.gloo

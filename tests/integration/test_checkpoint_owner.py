@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from slurm_ft.core.errors import ConfigError
 from slurm_ft.core import layout
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from slurm_ft.train.storage import TEST_FAIL_AT
 

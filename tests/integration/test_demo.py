@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_ft.bench.demo import DemoConfig, run_demo
-from slurm_ft.lab.faults import read_events
-from slurm_ft.core.rundir import read_ends
+from slurm_ft.core.rundir import read_ends, read_events
 
 pytestmark = pytest.mark.lab
 

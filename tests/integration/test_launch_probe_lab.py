@@ -7,7 +7,6 @@ import json
 import sys
 
 import pytest
-
 from labutil import cancel, output_of, submit, wait_for, wait_job
 
 pytestmark = pytest.mark.lab

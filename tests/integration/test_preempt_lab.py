@@ -11,13 +11,22 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from labutil import (
+    cancel,
+    jobs_dir,
+    lab_env,
+    output_of,
+    result_line,
+    submit,
+    torchrun_reference_sha,
+    wait_for,
+    wait_job,
+)
 
-from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, torchrun_reference_sha,
-                      wait_for, wait_job)
-
-from slurm_ft.cluster.monitor import latest_step, parse_resume_step
-from slurm_ft.slurm.types import JobState
+from slurm_ft.core.comment import parse_resume_step
 from slurm_ft.core.rundir import read_heartbeats
+from slurm_ft.health.jobfiles import latest_step
+from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab
 

@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from labutil import cancel, jobs_dir, lab_env, output_of, result_line, submit, wait_job
 
 from slurm_ft.cluster.status import read_status
@@ -90,7 +89,8 @@ def test_user_error_stops_after_one_attempt_with_verdict(lab):
         done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "monitor", "--once", "--state-dir", str(state)],
                               env=env, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
-        events = [json.loads(line.split(": ", 1)[1]) for line in done.stderr.splitlines() if "slurm_ft.cluster.monitor" in line]
+        events = [json.loads(line.split(": ", 1)[1]) for line in done.stderr.splitlines()
+                  if "slurm_ft.cluster.monitor" in line]
         failed = [e for e in events if e.get("event") == "job_failed" and e.get("job_id") == job_id]
         assert len(failed) == 1, done.stderr[-4000:]
         assert failed[0]["verdict"]["category"] == "user_code" and not failed[0]["requeue"]

@@ -26,13 +26,21 @@ import threading
 from pathlib import Path
 
 import pytest
+from labutil import (
+    cancel,
+    jobs_dir,
+    lab_env,
+    output_of,
+    result_line,
+    submit,
+    torchrun_reference_sha,
+    wait_for,
+    wait_job,
+)
 
-from labutil import (cancel, jobs_dir, lab_env, output_of, result_line, submit, torchrun_reference_sha,
-                      wait_for, wait_job)
-
-from slurm_ft.lab.faults import crash_node, signal_rank
-from slurm_ft.cluster.monitor import parse_resume_step
+from slurm_ft.core.comment import parse_resume_step
 from slurm_ft.core.rundir import read_ends, read_heartbeats
+from slurm_ft.lab.faults import crash_node, signal_rank
 
 pytestmark = pytest.mark.lab
 

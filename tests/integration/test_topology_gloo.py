@@ -28,6 +28,7 @@ def test_trainer_on_excluded_node_fails_with_error_files_naming_ranks(tmp_path):
 
 def _rank(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
+
     from slurm_ft.train import topology
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=30))

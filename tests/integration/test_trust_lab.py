@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from labutil import cancel, jobs_dir, lab_env, wait_job
 
-from slurm_ft.cluster.monitor import write_registration
-from slurm_ft.core.registry import FtJob
+from slurm_ft.core.registry import FtJob, write_registration
 from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab
@@ -83,7 +82,8 @@ def test_a_users_forged_files_drain_no_node_and_do_not_stall_the_monitor(lab, us
         done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "monitor", "--once", "--state-dir", str(state)],
                               env=lab_env(lab), capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr[-3000:]  # returned: did not block in /proc/kmsg
-        events = [json.loads(line.split(": ", 1)[1]) for line in done.stderr.splitlines() if "slurm_ft.cluster.monitor" in line]
+        events = [json.loads(line.split(": ", 1)[1]) for line in done.stderr.splitlines()
+                  if "slurm_ft.cluster.monitor" in line]
         [failed] = [e for e in events if e.get("event") == "job_failed" and e.get("job_id") == job]
         assert failed["resume_step"] is None  # the planted step 99 is no committed step
         # no node's own evidence: nothing struck for this job, no drain on its word (a monitor with a fresh state

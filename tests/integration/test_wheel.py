@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from labutil import lab_env
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

@@ -1,11 +1,19 @@
 """Loop: 8-node slurm-ft job on a 10-node lab, kill rank 7 at step 16; report attempt 2's time to first step,
 and on a stall dump the warm ranks' stacks (faulthandler via STACK_SIGNAL)."""
-import json, os, shutil, signal, subprocess, sys, time
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
-from slurm_ft.lab.cluster import LabCluster, LabConfig
+
 from slurm_ft import faults
-from slurm_ft.train import records
 from slurm_ft.lab import procs
+from slurm_ft.lab.cluster import LabCluster, LabConfig
+from slurm_ft.train import records
+
 PY = sys.executable
 NODES = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 TAG = sys.argv[3] if len(sys.argv) > 3 else "rep"

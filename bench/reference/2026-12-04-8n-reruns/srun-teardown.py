@@ -1,6 +1,11 @@
-import os, subprocess, sys, time
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+
 from slurm_ft.lab.cluster import LabCluster, LabConfig
+
 lab = LabCluster(LabConfig(dir=Path("/tmp/labsrx"), nodes=8)); lab.up(fresh=True)
 env = dict(os.environ, **lab.env())
 d = Path("/tmp/srx/job"); d.mkdir(parents=True, exist_ok=True); d.chmod(0o755)

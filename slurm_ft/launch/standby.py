@@ -155,15 +155,17 @@ def parse_request(message: Mapping[str, object] | None, python: str) -> Request 
 # --- the standby's side: a keeper (no torch) and its spare (a fresh interpreter that imported it) ---------------
 @dataclasses.dataclass(frozen=True, slots=True)
 class StandbyConfig:
-    """``python``: the interpreter path the launcher started us with (requests must name the same; spares run
-    it); ``listen``: our socket address; ``preload``: modules a spare imports before waiting;
-    ``refill_after_s``: how long a rank runs before its keeper starts the next spare (sooner, the spare's imports
-    would compete with the restarted ranks' own start; a rank that ends sooner gets its successor at once)."""
+    """One warm standby keeper: its slot's socket and the spare it keeps."""
 
     python: str
+    """The interpreter path the launcher started it with: requests must name the same, spares run it."""
     listen: bytes
+    """The keeper's socket address."""
     preload: tuple[str, ...] = PRELOAD
+    """Modules a spare imports before it waits."""
     refill_after_s: float = REFILL_AFTER_S
+    """How long a rank runs before its keeper starts the next spare (sooner, the spare's imports would compete with the
+    restarted ranks' own start; a rank that ends sooner gets its successor at once)."""
 
     def __post_init__(self) -> None:
         if not self.refill_after_s >= 0:

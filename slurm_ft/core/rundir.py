@@ -2,7 +2,8 @@
 
 Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slurm-ft``):
 
-- ``heartbeat.rank<R>.json``: ``{"rank", "step", "time", "host", "pid"}``, rewritten atomically every step
+- ``heartbeat.rank<R>.json``: ``{"rank", "step", "time", "host", "pid", "alive", "done"}``, rewritten atomically
+  every step; ``done`` once the rank finished its loop (its process may still take a while to exit)
 - ``error.rank<R>.json``: ``{"rank", "host", "time", "exc_type", "message", "traceback", "step", "pid"}``,
   written once when a rank dies of an exception. The earliest ``time`` is the root cause.
 - ``end.rank<R>.json``: how the rank's process ended (``RankEnd``: exit code or signal, time, node, pid, OOM
@@ -88,6 +89,7 @@ class Heartbeat:
     pid: int = 0
     alive: float | None = None  # the liveness thread's last beat; None: the writer has no liveness thread
     stack_signal: int | None = None  # the signal that makes the rank write its Python stacks (faulthandler)
+    done: bool = False  # the rank finished its loop (HeartbeatWriter.close, or its process exiting): no more steps
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

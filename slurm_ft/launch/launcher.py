@@ -111,6 +111,9 @@ class LaunchConfig:
     watch off."""
     startup_grace_s: float = 60.0
     """Seconds after an attempt starts before hang checks begin (``--startup-grace``)."""
+    exit_grace_s: float = 300.0
+    """Seconds every rank may take to exit once all finished their loop (their heartbeats say ``done``: an exit
+    after the last step can be slow, a communicator's teardown or a loaded node); past it the attempt is hung."""
     max_restarts: int = 3
     """The job's restart budget: in-place restarts and requeues together (``--max-restarts``, ``--ft-max-restarts``)."""
     spare_nodes: int = 0
@@ -149,6 +152,7 @@ class LaunchConfig:
         require(self.hang_timeout_s >= 0, "hang_timeout_s",
                 f"must be >= 0 (--hang-timeout), got {self.hang_timeout_s!r}")
         require(self.startup_grace_s >= 0, "startup_grace_s", f"must be >= 0, got {self.startup_grace_s!r}")
+        require(self.exit_grace_s > 0, "exit_grace_s", f"must be > 0, got {self.exit_grace_s!r}")
         require(isinstance(self.max_restarts, int) and self.max_restarts >= 0, "max_restarts",
                 f"must be an integer >= 0 (--max-restarts), got {self.max_restarts!r}")
         require(isinstance(self.spare_nodes, int) and self.spare_nodes >= 0, "spare_nodes",
@@ -260,10 +264,13 @@ def unhealthy(nodes: Sequence[str], states: Mapping[str, NodeInfo]) -> set[str]:
 class HangWatch:
     """Tracks per-rank heartbeat progress on the launcher's own clock."""
 
-    def __init__(self, ranks: int, started: float, *, timeout_s: float, grace_s: float) -> None:
+    def __init__(self, ranks: int, started: float, *, timeout_s: float, grace_s: float,
+                 exit_grace_s: float = float("inf")) -> None:
         self.ranks, self.started, self.timeout_s, self.grace_s = ranks, started, timeout_s, grace_s
+        self.exit_grace_s = exit_grace_s
         self.progress: dict[int, tuple[int, float]] = {}  # rank -> (step, when we saw it change)
         self.alive: dict[int, tuple[float, float]] = {}  # rank -> (liveness beat, when we saw it change)
+        self.done: dict[int, float] = {}  # rank -> when we saw it finish its loop (its heartbeat's ``done``)
 
     def update(self, beats: Sequence[Any], now: float) -> None:
         for beat in beats:
@@ -273,6 +280,8 @@ class HangWatch:
             alive = getattr(beat, "alive", None)
             if alive is not None and (beat.rank not in self.alive or alive != self.alive[beat.rank][0]):
                 self.alive[beat.rank] = (alive, now)
+            if getattr(beat, "done", False):
+                self.done.setdefault(beat.rank, now)
 
     def live(self, now: float, stale_s: float = LIVENESS_STALE_S) -> dict[int, bool | None]:
         """Per rank: did its liveness beat change within ``stale_s`` (on our clock)? None: it has no liveness beat."""
@@ -282,10 +291,15 @@ class HangWatch:
     def hung(self, now: float) -> list[int]:
         """Once a rank had no progress for the timeout since its last step (a rank not seen yet: importing,
         rendezvous, loading the checkpoint, gets the startup grace on top), every rank without progress for half
-        of it: the ranks the launcher saw reach their last step a poll later are as stuck."""
+        of it: the ranks the launcher saw reach their last step a poll later are as stuck. A rank that finished
+        its loop makes no more steps: it is not judged by the timeout, and once every rank finished, only an exit
+        that has not come ``exit_grace_s`` after the last of them is a hang."""
         if self.timeout_s <= 0:
             return []
-        idle = {rank: now - self._since(rank) for rank in range(self.ranks)}
+        working = [rank for rank in range(self.ranks) if rank not in self.done]
+        if not working:
+            return list(range(self.ranks)) if now - max(self.done.values()) >= self.exit_grace_s else []
+        idle = {rank: now - self._since(rank) for rank in working}
         if max(idle.values(), default=0.0) < self.timeout_s:
             return []
         return [rank for rank, seconds in idle.items() if seconds >= self.timeout_s / 2]
@@ -555,7 +569,7 @@ class Launcher:
                     resume_step=self._committed())
         proc = self.runner(argv, env)
         watch = HangWatch(len(chosen) * wiring.ranks_per_node, started, timeout_s=cfg.hang_timeout_s,
-                          grace_s=cfg.startup_grace_s)
+                          grace_s=cfg.startup_grace_s, exit_grace_s=cfg.exit_grace_s)
         first_step_logged = False
         failed_since: float | None = None
         while True:

@@ -9,10 +9,16 @@ uninterruptible sleep, holding the GIL in native code) does not. The launcher te
 ``stacks`` (default on): the rank's Python stacks, every thread, go to ``stack.rank<R>.txt`` in the run dir on
 ``records.STACK_SIGNAL`` (``faulthandler.register``), for the launcher to collect before it kills a hung attempt;
 ``faulthandler`` is enabled for fatal signals too (SIGSEGV ...: the stack lands in the rank's stderr tail).
+
+``close()`` (also run at interpreter exit) writes a last record with ``done``: the rank has no more steps to make.
+A process's exit can take long after its last step (freeing the interpreter, a communicator's teardown, a loaded
+node), and the launcher must not call a finished rank hung for that (it gives it ``LaunchConfig.exit_grace_s``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import faulthandler
 import logging
 import os
@@ -50,6 +56,8 @@ class HeartbeatWriter:
         self._thread: threading.Thread | None = None
         self._stack_file: IO[str] | None = None
         self._stack_signal = self._register_stacks() if stacks else None
+        self._done = False
+        atexit.register(self.close)
 
     def beat(self, step: int, *, force: bool = False) -> bool:
         """Record progress at ``step``; returns False when the file write was skipped by the interval."""
@@ -72,10 +80,15 @@ class HeartbeatWriter:
         return True
 
     def close(self) -> None:
-        """Stop the liveness thread (the process ending stops it too: it is a daemon)."""
+        """The loop is finished: stop the liveness thread and write a last record that says ``done`` (once)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._done:
+            return
+        self._done = True
+        with contextlib.suppress(OSError):  # the launcher then sees the last beat: a slow exit may be called hung
+            self._write(self._clock())
 
     def _write(self, alive: float) -> None:
         with self._lock:
@@ -84,7 +97,7 @@ class HeartbeatWriter:
             step, when = self._progress
             records.write_heartbeat(self.run_dir, records.Heartbeat(
                 rank=self.rank, step=step, time=when, host=self._host, pid=self._pid,
-                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal))
+                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal, done=self._done))
 
     def _start_liveness(self) -> None:
         if self._thread is not None or self.liveness_s <= 0:

@@ -388,6 +388,17 @@ def test_a_hang_names_every_rank_without_progress_not_only_the_first_past_the_ti
     assert watch.hung(11.0) == [0, 1]
 
 
+def test_a_rank_that_finished_its_loop_is_not_hung_until_its_exit_is_overdue():
+    """A finished rank (its heartbeat says done) makes no more steps; its process may take long to exit (a
+    communicator's teardown, a loaded node: 15 s of interpreter teardown at a load of 12 on 2 cores here)."""
+    watch = HangWatch(2, 0.0, timeout_s=10, grace_s=5, exit_grace_s=60)
+    watch.update([Heartbeat(rank=0, step=16, time=0), Heartbeat(rank=1, step=16, time=0)], 1.0)
+    watch.update([Heartbeat(rank=0, step=16, time=0, done=True)], 2.0)
+    assert watch.hung(30.0) == [1]  # rank 1 has not finished: judged as before
+    watch.update([Heartbeat(rank=1, step=16, time=0, done=True)], 3.0)
+    assert watch.hung(62.9) == [] and watch.hung(63.0) == [0, 1]  # all done: only an overdue exit is a hang
+
+
 def test_cli_parses_after_double_dash(tmp_path):
     import argparse
 

@@ -271,3 +271,21 @@ def test_local_state_is_loaded_without_running_pickled_code(tmp_path):
     with pytest.raises(Exception, match="Weights only load failed"):
         load_local_state(planted)
     assert not Path("/tmp/slurm-ft-pwned-by-local-state").exists()
+
+
+def test_a_closed_heartbeat_says_done_once_and_closing_runs_at_exit(tmp_path, monkeypatch):
+    import atexit
+
+    from slurm_ft.core.rundir import read_heartbeats
+    from slurm_ft.train.heartbeat import HeartbeatWriter
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    heart = HeartbeatWriter(tmp_path, 0, liveness_s=0, stacks=False)
+    heart.beat(7)
+    assert [b.done for b in read_heartbeats(tmp_path)] == [False]
+    assert registered == [heart.close]  # a script that never closes it still says done when its process exits
+    heart.close()
+    heart.close()
+    (beat,) = read_heartbeats(tmp_path)
+    assert (beat.step, beat.done) == (7, True)

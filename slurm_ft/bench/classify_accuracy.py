@@ -87,15 +87,56 @@ def _share(flags: Iterable[bool]) -> float:
 
 def load_held_back(path: Path) -> frozenset[str]:
     """The held-back sites named in ``path`` (one per line; blank lines and ``#`` comments ignored)."""
+    return frozenset(_lines(path))
+
+
+def _lines(path: Path) -> list[str]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
         raise ValueError(f"held-back list {str(path)!r}: {exc.strerror or exc}") from None
-    return frozenset(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
-def is_held_back(case, held: frozenset[str]) -> bool:
-    return case.source.get("site", "") in held
+ISSUE_THREAD = "issue_thread"  # issue 18's cases; every case without a [source] kind is one
+THIRD, KINDS, SITES, RULES = "held-back third", "held-back kinds", "held-back sites", "rules written from"
+HELD_BACK_PARTS = (THIRD, KINDS, SITES)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Split:
+    """Which cases no rule is written from: issue threads by site (``held_back.txt``, issue 18); other kinds of
+    source whole by kind, then by site (``held_back_kinds.txt``, issue 33)."""
+
+    sites: frozenset[str]
+    kinds: frozenset[str] = frozenset()
+    kind_sites: frozenset[str] = frozenset()
+
+    def part(self, case) -> str:
+        """The part of the corpus ``case`` belongs to: one of ``HELD_BACK_PARTS`` or ``RULES``."""
+        kind, site = case.source.get("kind", ISSUE_THREAD), case.source.get("site", "")
+        if kind == ISSUE_THREAD:
+            return THIRD if site in self.sites else RULES
+        if kind in self.kinds:
+            return KINDS
+        return SITES if site in self.kind_sites else RULES
+
+
+def load_split(held_back: Path, held_back_kinds: Path | None = None) -> Split:
+    """The split named by ``held_back.txt`` and, when given, ``held_back_kinds.txt`` (``kind: K`` and ``site: S``
+    lines); a line of another form there is an error naming it."""
+    kinds, sites = set(), set()
+    for line in _lines(held_back_kinds) if held_back_kinds is not None else ():
+        key, _, value = line.partition(":")
+        if key.strip() not in ("kind", "site") or not value.strip():
+            raise ValueError(f"held-back list {str(held_back_kinds)!r}: {line!r} is not 'kind: K' or 'site: S'")
+        (kinds if key.strip() == "kind" else sites).add(value.strip())
+    return Split(load_held_back(held_back), frozenset(kinds), frozenset(sites))
+
+
+def is_held_back(case, held: "frozenset[str] | Split") -> bool:
+    split = held if isinstance(held, Split) else Split(frozenset(held))
+    return split.part(case) != RULES
 
 
 def outcomes(cases: Sequence, rules: Rules | None = None) -> list[Outcome]:

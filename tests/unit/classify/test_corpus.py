@@ -32,10 +32,10 @@ def test_fast_scan_agrees_with_reference_scan(case):
 
 def _fired() -> set[str]:
     """Rules seen firing in this corpus or in the part of the real corpus that rules are written from."""
-    from slurm_ft.bench.classify_accuracy import is_held_back, load_held_back
+    from slurm_ft.bench.classify_accuracy import is_held_back, load_split
 
     real = CORPUS.parent / "corpus_real"
-    held = load_held_back(real / "held_back.txt")
+    held = load_split(real / "held_back.txt", real / "held_back_kinds.txt")
     fired = set()
     for case in CASES + [c for c in load_corpus(real / "cases") if not is_held_back(c, held)]:
         fired |= {f.rule.id for f in explain(case.evidence)}

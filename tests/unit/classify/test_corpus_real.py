@@ -1,4 +1,5 @@
-"""The real-failure corpus (issue 18): its shape, its fixed split, and the verdict of each case rules came from.
+"""The real-failure corpus (issues 18 and 33): its shape, its fixed splits, and the verdict of each case rules came
+from.
 
 Held-back cases are not asserted here: `slurm-ft bench classify` measures them, as an independent check.
 """
@@ -14,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from slurm_ft.bench import classify_bench
-from slurm_ft.bench.classify_accuracy import is_held_back, load_held_back
+from slurm_ft.bench.classify_accuracy import ISSUE_THREAD, is_held_back, load_split
 from slurm_ft.bench.classify_bench import load_corpus
 from slurm_ft.classify import Category, classify
 
 REAL = Path(__file__).resolve().parents[2] / "data" / "corpus_real"
 CASES = load_corpus(REAL / "cases")
-HELD = load_held_back(REAL / "held_back.txt")
+HELD = load_split(REAL / "held_back.txt", REAL / "held_back_kinds.txt")
 RULES_PART = [c for c in CASES if not is_held_back(c, HELD)]
 
 _THIN = "only a launcher's or peer's report reached the thread: the classifier rightly says unknown"
@@ -47,30 +48,62 @@ KNOWN_MISSES = {
     "streaming_dataset_weights_multinode": _DETERMINISTIC_HANG,
     "stale_handle_filelock_bug": "a filelock bug that surfaces as a stale NFS handle",
     "timeout_then_1eb_oom": "the out-of-memory message that followed the timeout outranks it",
+    # issue 33's cases beyond issue threads, before any rule was written from them
+    "bloom104b_exp10_lr_checkpoint_mismatch": "a setting refused against the checkpoint is not read yet",
+    "bloom104b_tr8b_min_lr_checkpoint_mismatch": "a setting refused against the checkpoint is not read yet",
+    "bloom104b_exp1_loss_jump_grad_norm": "the step log's loss and grad norm series is not read yet",
+    "bloom104b_exp2_loss_climb_after_reseed": "the step log's loss and grad norm series is not read yet",
+    "bloom104b_exp12_spike_then_no_loss": "the step log's loss and grad norm series is not read yet",
+    "bloom13b_requeued_oom_on_bad_gpu": "an OOM in the first barrier reads as the job's own memory use",
+    "bloom13b_shm_bus_error_unexplained": "the bus error blames shared memory; nobody found why",
+    "bloom176b_eval_deadlock_no_error": "a hang that prints nothing: only the watchdog's PULSE lines",
+    "mleng_srun_step_invalid_gres": "srun's step-creation errors are not read yet",
 }
 
 
+KINDS = {"issue_thread", "logbook", "docs_incident", "mailing_list", "qa", "forum", "blog", "run_log"}
+ISSUE_THREADS = [c for c in CASES if c.source["kind"] == ISSUE_THREAD]
+OTHER_KINDS = [c for c in CASES if c.source["kind"] != ISSUE_THREAD]
+
+
 def test_corpus_size_sources_and_labels():
-    assert len(CASES) >= 150
+    assert len(ISSUE_THREADS) >= 150 and len(OTHER_KINDS) >= 25
     assert sum(c.source["loudest_is_secondary"] for c in CASES) >= 40
     for case in CASES:
         source = case.source
         assert source["url"].startswith("https://") and source["site"] and source["root_cause"], case.name
+        assert source["kind"] in KINDS, case.name
         assert Category(case.expect["category"]) and isinstance(case.expect["recoverable"], bool), case.name
     assert len({c.source["url"] for c in CASES}) == len(CASES)
 
 
 def test_held_back_third_follows_its_rule():
-    """The committed list is the one the rule in its header gives (sites in sha256 order up to ceil(N/3) cases)."""
-    sites = Counter(c.source["site"] for c in CASES)
+    """The committed list is the one the rule in its header gives (sites in sha256 order up to ceil(N/3) cases),
+    N being issue 18's cases: the issue threads."""
+    chosen, n = _sites_in_hash_order(ISSUE_THREADS, math.ceil(len(ISSUE_THREADS) / 3))
+    assert HELD.sites == chosen
+    assert 0.30 <= n / len(ISSUE_THREADS) <= 0.40
+
+
+def _sites_in_hash_order(cases, at_least: int) -> tuple[set[str], int]:
+    sites = Counter(c.source["site"] for c in cases)
     chosen, n = set(), 0
     for site in sorted(sites, key=lambda s: hashlib.sha256(s.encode()).hexdigest()):
-        if n >= math.ceil(len(CASES) / 3):
+        if n >= at_least:
             break
         chosen.add(site)
         n += sites[site]
-    assert HELD == chosen
-    assert 0.30 <= n / len(CASES) <= 0.40
+    return chosen, n
+
+
+def test_held_back_kinds_and_sites_follow_their_rule():
+    """held_back_kinds.txt: forum and mailing_list held back whole; of the other kinds (issue threads aside), sites
+    in sha256 order up to ceil(M/4) cases."""
+    assert HELD.kinds == {"forum", "mailing_list"}
+    rest = [c for c in OTHER_KINDS if c.source["kind"] not in HELD.kinds]
+    chosen, n = _sites_in_hash_order(rest, math.ceil(len(rest) / 4))
+    assert HELD.kind_sites == chosen
+    assert n >= len(rest) / 4 and not HELD.kind_sites & HELD.sites
 
 
 def _param(case):
@@ -102,7 +135,9 @@ def test_bench_reports_whole_corpus_and_held_back_third(capsys):
     assert classify_bench.main(["--json"]) == 0
     scores = {s["label"]: s for s in json.loads(capsys.readouterr().out)["scores"]}
     assert scores["whole corpus"]["cases"] == len(CASES)
-    assert scores["held-back third"]["cases"] == len(CASES) - len(RULES_PART)
+    held_back = [scores[p]["cases"] for p in ("held-back third", "held-back kinds", "held-back sites")]
+    assert sum(held_back) == len(CASES) - len(RULES_PART) and min(held_back) > 0
+    assert scores["rules written from"]["cases"] == len(RULES_PART)
     for score in scores.values():
         assert {"category_accuracy", "recoverable_accuracy", "confusion", "confidence_buckets"} <= set(score)
 

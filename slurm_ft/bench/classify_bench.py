@@ -223,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     scores = [acc.Score("whole corpus", tuple(outcomes.values()))]
     scores += [acc.Score(part, tuple(outcomes[c.name] for c in cases if parts[c.name] == part))
                for part in (*acc.HELD_BACK_PARTS, acc.RULES)]
+    scores.insert(4, acc.Score("held-back, all parts", tuple(outcomes[c.name] for c in cases
+                                                             if parts[c.name] != acc.RULES)))
     if args.json:
-        print(json.dumps({"scores": [s.to_dict() for s in scores], "goal": acc.GOAL}))
+        print(json.dumps({"scores": [s.to_dict() for s in scores], "goal": acc.GOAL,
+                          "confident": {"threshold": acc.CONFIDENT, "goal": acc.CONFIDENT_GOAL}}))
         return 0
     print("\n\n".join(acc.render(s) for s in scores))
     if args.wrong:

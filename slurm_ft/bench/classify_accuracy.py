@@ -10,8 +10,9 @@ What a verdict costs a user (issue 33), per case:
                    crash-loop check: no checkpoint progress) then ends it, so at most 1 restart per failure.
   stopped, savable a transient failure (expected recoverable) given a verdict that stops the job (not recoverable,
                    or action stop / none): a retry would have saved it.
-  healthy struck   the nodes a verdict would strike (culprits named by the node's own evidence, ``attested_nodes``)
-                   in a case whose expected category is not hardware_gpu or hardware_node.
+  healthy struck   the nodes a verdict would strike (culprits named by the node's own evidence, ``attested_nodes``,
+                   of a verdict that requeues: the monitor strikes no node of a job it stops) in a case whose
+                   expected category is not hardware_gpu or hardware_node.
 Calibration: of the verdicts with confidence >= 0.7, the share right (category and recoverable both).
 """
 
@@ -207,7 +208,8 @@ def outcomes(cases: Sequence, rules: Rules | None = None) -> list[Outcome]:
     for case in cases:
         verdict = classify(case.evidence, rules)
         want = case.expect
-        struck = tuple(n for n in verdict.attested_nodes if n in verdict.culprit.nodes)
+        requeues = verdict.recoverable and verdict.action.value not in _STOPPING  # the monitor strikes only then
+        struck = tuple(n for n in verdict.attested_nodes if n in verdict.culprit.nodes) if requeues else ()
         result.append(Outcome(name=case.name, want_category=want["category"], got_category=verdict.category.value,
                               want_recoverable=bool(want.get("recoverable", verdict.recoverable)),
                               got_recoverable=verdict.recoverable, confidence=verdict.confidence,
@@ -237,7 +239,8 @@ def _cost_lines(score: Score) -> list[str]:
     n_conf, right = score.calibration()
     return [f"  cost: {wasted} restarts wasted on {det} deterministic failures ({per:.2f} each, at most 1: the same "
             f"root cause twice stops the job; goal <= 1: {ok(per <= 1)})",
-            f"        {score.stopped_savable} jobs stopped that a retry would have saved (of {score.n - det} transient)",
+            f"        {score.stopped_savable} jobs stopped that a retry would have saved "
+            f"(of {score.n - det} transient)",
             f"        {struck} healthy nodes struck (goal 0: {ok(struck == 0)})",
             f"  confidence >= {CONFIDENT}: {n_conf} verdicts, {right:6.1%} right (category and recoverable; goal "
             f"{CONFIDENT_GOAL:.0%}: {ok(right >= CONFIDENT_GOAL) if n_conf else 'no such verdict'})"]

@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-back", type=Path, default=REAL_CORPUS / "held_back.txt",
                         help="file naming the held-back issue-thread sites, one per line")
     parser.add_argument("--held-back-kinds", type=Path, default=REAL_CORPUS / "held_back_kinds.txt",
-                        help="file naming the held-back kinds of source and sites of other kinds ('kind: K', 'site: S')")
+                        help="file naming the held-back kinds of source and sites of other kinds "
+                             "('kind: K', 'site: S')")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--wrong", action="store_true",
                         help="also list the wrong answers of the part rules are written from (never a held-back part)")

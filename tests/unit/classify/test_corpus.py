@@ -54,7 +54,9 @@ def test_every_rule_has_a_case():
     missing += [r for r in ("nvml:gpu_lost", "nvml:fault", "nvml:pending", "nvml:wear", "torchrun:root_cause",
                             "rank_end:oom_kill", "rank_end:killed", "rank_end:exit", "rank_end:after_root",
                             "hang:stuck", "hang:behind", "hang:no_progress", "hang:waiting", "hang:outside_collective",
-                            "nvml:recovery_action")
+                            "nvml:recovery_action", "xid_log:drain", "xid_log:restart", "xid_log:application",
+                            "xid_log:secondary", "metrics:non_finite", "metrics:scale_collapse", "metrics:diverged",
+                            "metrics:spike", "cuda_oom:in_setup")
                 if r not in fired]
     assert missing == []
 

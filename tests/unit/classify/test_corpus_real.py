@@ -48,16 +48,11 @@ KNOWN_MISSES = {
     "streaming_dataset_weights_multinode": _DETERMINISTIC_HANG,
     "stale_handle_filelock_bug": "a filelock bug that surfaces as a stale NFS handle",
     "timeout_then_1eb_oom": "the out-of-memory message that followed the timeout outranks it",
-    # issue 33's cases beyond issue threads, before any rule was written from them
-    "bloom104b_exp10_lr_checkpoint_mismatch": "a setting refused against the checkpoint is not read yet",
-    "bloom104b_tr8b_min_lr_checkpoint_mismatch": "a setting refused against the checkpoint is not read yet",
-    "bloom104b_exp1_loss_jump_grad_norm": "the step log's loss and grad norm series is not read yet",
-    "bloom104b_exp2_loss_climb_after_reseed": "the step log's loss and grad norm series is not read yet",
-    "bloom104b_exp12_spike_then_no_loss": "the step log's loss and grad norm series is not read yet",
-    "bloom13b_requeued_oom_on_bad_gpu": "an OOM in the first barrier reads as the job's own memory use",
+    # issue 33's cases beyond issue threads
+    "bloom13b_requeued_oom_on_bad_gpu": "an OOM in the first barrier reads as 'not the job's size' (unknown, one "
+                                        "retry); the log alone cannot tell a bad GPU from ranks sharing one",
     "bloom13b_shm_bus_error_unexplained": "the bus error blames shared memory; nobody found why",
     "bloom176b_eval_deadlock_no_error": "a hang that prints nothing: only the watchdog's PULSE lines",
-    "mleng_srun_step_invalid_gres": "srun's step-creation errors are not read yet",
 }
 
 

@@ -39,7 +39,7 @@ _LOG = {"rank", "node", "on", "kind", "text"}
 _NODE_EVENT = {"name", "state", "reason"}
 _EXPECT = {"category", "action", "recoverable", "nodes", "ranks", "evidence_contains", "min_confidence",
            "max_confidence"}
-_SOURCE = {"url", "site", "kind", "root_cause", "loudest_is_secondary"}
+_SOURCE = {"url", "site", "kind", "family", "root_cause", "loudest_is_secondary"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

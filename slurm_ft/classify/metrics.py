@@ -9,6 +9,8 @@ numbers, whatever the trainer that printed them. Shapes read (one step per line)
                                      number of nan iterations: 0 |`
   DeepSpeed                         `[deepscale] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 131072.0,
                                      reducing to 65536.0`
+  Apex amp (halves; prints the new) `Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to
+                                     32768.0`
   HF Trainer (dict print)           `{'loss': 2.3061, 'grad_norm': 1.52, 'learning_rate': 2e-05, 'epoch': 0.3}`
   Lightning progress bar            `Epoch 0:  41%|####| 410/1000 [02:01<02:54, loss=2.31, v_num=0]`
   plain prints                      `| epoch 1 | 200/ 2983 batches | lr 20.0000 | ... | loss nan | ppl nan`,
@@ -56,6 +58,7 @@ _FIELDS = {
 }
 _NEEDS = {"loss": "loss", "grad_norm": "norm", "loss_scale": "scale", "nan_iters": "nan iter", "skipped": "skipped"}
 _OVERFLOW = re.compile(r"overflow!.{0,80}?attempted loss scale:\s*" + _NUM + r",\s*reducing to\s*" + _NUM)
+_APEX_OVERFLOW = re.compile(r"gradient overflow\.\s+skipping step, loss scaler \d+ reducing loss scale to\s*" + _NUM)
 _STEP_HINT = re.compile(r"\b(?:iteration|iter|step|epoch|batch(?:es)?)\b|\{'loss'|\d+/\s*\d+")
 
 
@@ -93,6 +96,10 @@ def parse_steps(text: str) -> tuple[list[Step], list[tuple[float, float]]]:
         m = _OVERFLOW.search(low) if "overflow" in low else None
         if m:
             overflows.append((_float(m.group(1)), _float(m.group(2))))
+            continue
+        m = _APEX_OVERFLOW.search(low) if "overflow" in low else None
+        if m:  # apex.amp's LossScaler.update_scale: the scale is halved, only the new one printed
+            overflows.append((2 * _float(m.group(1)), _float(m.group(1))))
             continue
         step = _step(line, low)
         if step is not None:

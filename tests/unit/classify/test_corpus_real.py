@@ -26,7 +26,6 @@ RULES_PART = [c for c in CASES if not is_held_back(c, HELD)]
 
 _THIN = "only a launcher's or peer's report reached the thread: the classifier rightly says unknown"
 _NCCL_SYSTEM = "'unhandled system error' stays network (requeue): a wrong stop loses a job, a wrong requeue one try"
-_NO_RULE = "no rule reads this message yet"
 _DETERMINISTIC_HANG = "a deterministic hang looks like any watchdog timeout at first (the crash-loop check stops it)"
 # Cases of the rules part that the classifier gets wrong, each with why; strict: a fix must move it out of here.
 KNOWN_MISSES = {
@@ -54,35 +53,11 @@ KNOWN_MISSES = {
                                         "retry); the log alone cannot tell a bad GPU from ranks sharing one",
     "bloom13b_shm_bus_error_unexplained": "the bus error blames shared memory; nobody found why",
     "bloom176b_eval_deadlock_no_error": "a hang that prints nothing: only the watchdog's PULSE lines",
-    # issue 33's second batch (rules part), before any rule was written from it
-    "alcf_polaris_jax_no_kernel_image": "'no kernel image' inside an XlaRuntimeError reads as a code bug",
-    "alcf_polaris_mpi_backend_cuda_tensor": "'MPI used doesn't have CUDA-aware MPI support' reads as a code bug",
-    "archer2_ucx_ibv_reg_mr_cannot_allocate": "UCX's 'Input/output error' reads as storage",
-    "aurora_cassini_event_queue_overflow": _NO_RULE,
-    "aurora_no_vnis_available": _NO_RULE,
-    "aurora_sycl_free_memory_aspect": _NO_RULE,
+    # issue 33's second batch (rules part): what the rules written from it still miss
     "bigscience_gsutil_typeerror_env": "a TypeError from a tool missing its environment reads as a code bug",
-    "bigscience_logging_repo_git_corruption": _NO_RULE,
-    "chatbot_chinese_apex_overflow_zero_division": "Apex's loss-scale halving is not read; the ZeroDivisionError reads as "
-                                                   "a code bug",
     "gpud_xid13_xid109_no_cause": "Xid 109 in a kernel log is a hardware Xid by the table; nobody found a cause",
-    "linaro_forge_slurm_2108_gres_tres": _NO_RULE,
-    "mleng_mt5_fp16_overflow_detector": "the overflow detector's report is not a step log the parser reads",
-    "nccl_docs_ibv_create_qp_memlock": _NO_RULE,
-    "nccl_docs_ibv_reg_mr_memlock": _NO_RULE,
-    "nccl_docs_imex_cuda_failure_800": _NO_RULE,
-    "nccl_docs_pmix_gds_lock": _NO_RULE,
-    "nccl_docs_roce_gid_index_modify_qp": _NO_RULE,
-    "nccl_docs_shm_extend_docker": _NO_RULE,
-    "nccl_docs_systemd_removeipc_unlink": _NO_RULE,
-    "nccl_docs_ucx_no_am_transport": _NO_RULE,
-    "nesi_openfoam_couldnt_chdir": _NO_RULE,
-    "olcf_frontier_hip_no_binary_xnack": _NO_RULE,
-    "olcf_frontier_mpich_nic_policy_import_order": _NO_RULE,
-    "olcf_summit_cuda_hook_pami_undefined_symbol": _NO_RULE,
-    "polymergnn_log_ablation_nan_predictions": _NO_RULE,
-    "pronto_braker_srun_killed_at_time_limit": "the time limit shows only as srun's 'Force Terminated' and 'Killed'",
-    "rcc_alphafold3_flash_attention_triton_gpu": _NO_RULE,
+    "pronto_braker_srun_killed_at_time_limit": "the time limit shows only as srun's 'Force Terminated' (printed for "
+                                               "a cancel too) and 'Killed'",
 }
 
 

@@ -30,6 +30,7 @@ def test_megatron_fields_are_read():
 @pytest.mark.parametrize("name,kind", [
     ("megatron_diverged.txt", "diverged"),  # lm loss 6.4 -> 10.2 and climbing
     ("deepspeed_overflow_collapse.txt", "scale_collapse"),  # OVERFLOW: loss scale 1048576 -> 32768
+    ("apex_overflow_collapse.txt", "scale_collapse"),  # apex: "reducing loss scale to" 32768 -> 2048
     ("hf_trainer_nan_grad_norm.txt", "non_finite"),
     ("megatron_spike_recovered.txt", "spike"),  # grad norm 0.24 -> 960, back to 0.2: a hint only
 ])
@@ -86,3 +87,13 @@ def test_the_loss_scale_reaching_one_is_a_collapse():
     lines = [f" iteration {i}/ 100 | lm loss: 3.0E+00 | loss scale: {s} | grad norm: 1.0 |" for i, s in
              enumerate((4.0, 2.0, 1.0), start=1)]
     assert judge("\n".join(lines)).kind == "scale_collapse"
+
+
+def test_apex_overflows_are_halvings_and_outrank_the_division_by_zero_they_cause():
+    # https://github.com/jiangnanboy/chatbot_chinese (README L91-L97): apex prints only the new scale; the scale
+    # reached zero and the run died in ZeroDivisionError, a victim of the collapse
+    _, overflows = parse_steps(_real("apex_overflow_collapse.txt"))
+    assert overflows[0] == (65536.0, 32768.0) and len(overflows) == 5
+    verdict = classify(Evidence(logs=(LogTail(source=0, text=_real("apex_overflow_collapse.txt")
+                                              + "...\nZeroDivisionError: float division by zero"),)))
+    assert verdict.category is Category.NUMERICAL and not verdict.recoverable

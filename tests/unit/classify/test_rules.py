@@ -273,3 +273,86 @@ def test_an_oom_in_the_first_barrier_is_not_the_jobs_size():
 def test_a_bare_exception_type_is_never_a_confident_verdict():
     verdict = _verdict(_log("Traceback (most recent call last):\nKeyError: 'optimiser'"))
     assert verdict.category is Category.USER_CODE and verdict.confidence < 0.7
+
+
+# ---- issue 33, batch 2: set-up, network and numerical lines from documentation of real incidents -----------------
+# (repository, file and line of the commit the corpus case pins; the case's [source] has the full URL)
+
+DOCUMENTED_LINES = [
+    # argonne-lcf/user-guides@7d04a3f docs/polaris/data-science/frameworks/jax.md L30
+    ("jaxlib.xla_extension.XlaRuntimeError: UNKNOWN: no kernel image is available for execution on the device",
+     Category.CONFIG),
+    # olcf/olcf-user-docs@2745903 systems/frontier_user_guide.rst L3884
+    ('"hipErrorNoBinaryForGpu: Unable to find code object for all current devices!"', Category.CONFIG),
+    # argonne-lcf/user-guides@7d04a3f docs/polaris/data-science/frameworks/pytorch.md L62
+    ("RuntimeError: CUDA tensor detected and the MPI used doesn't have CUDA-aware MPI support", Category.CONFIG),
+    # NVIDIA/nccl@5067397 docs/userguide/source/troubleshooting/networking_troubleshooting.rst L230, L236, L303
+    ("NCCL WARN Call to ibv_create_qp failed", Category.CONFIG),
+    ("NCCL WARN Call to ibv_reg_mr failed", Category.CONFIG),
+    ("NCCL WARN Call to ibv_modify_qp failed with error Invalid argument", Category.CONFIG),
+    # NVIDIA/nccl@5067397 docs/userguide/source/troubleshooting/runtime_and_mpi_issues.rst L39, L59, L217, L240
+    ("NCCL WARN Error: failed to extend /dev/shm/nccl-03v824 to 4194660 bytes", Category.CONFIG),
+    ("NCCL WARN unlink shared memory /dev/shm/nccl-d5rTd0 failed, error: No such file or directory", Category.CONFIG),
+    ("PMIX ERROR: ERROR in file gds_ds12_lock_pthread.c", Category.CONFIG),
+    ("UCX  ERROR   no active messages transport to <no debug data>: Unsupported operation", Category.CONFIG),
+    # NVIDIA/nccl@5067397 docs/userguide/source/troubleshooting/performance_and_tuning.rst L86
+    ("transport/p2p.cc:XXX NCCL WARN Cuda failure 800 'operation not permitted'", Category.CONFIG),
+    # argonne-lcf/user-guides@7d04a3f docs/aurora/known-issues.md L149, L111
+    ("start failed on x4102c5s2b0n0: No VNIs available in internal allocator", Category.CONFIG),
+    (("libfabric:16642:1701636928::cxi:core:cxip_cq_eq_progress():531<warn> x4204c1s3b0n0: Cassini Event Queue "
+      "overflow detected."), Category.NETWORK),
+    # olcf/olcf-user-docs@2745903 software/analytics/pytorch_frontier.rst L840, L847
+    (("MPICH ERROR: Unable to use a NIC_POLICY of 'NUMA'. Rank 4 is not confined to a single NUMA node.  There are 4 "
+      "numa_nodes detected (rc=0)."), Category.CONFIG),
+    ("MPIDI_CRAY_ofi_get_nic_index(1801)....: OFI invalid value for environment variable", Category.CONFIG),
+    # docs.linaroforge.com/24.1.3 .../known_issues/slurm_support.html (Slurm 21.08.0-21.08.4)
+    ("Invalid generic resource (gres) specification", Category.CONFIG),
+    # nesi/support-docs@16ba8d4 docs/Software/Available_Applications/OpenFOAM.md L63
+    ("slurmstepd: error: couldn't chdir to `/var/spool/slurm/jobXXXX': No such file or directory", Category.CONFIG),
+    # olcf/olcf-user-docs@2745903 systems/summit_user_guide.rst L3888
+    (("CUDA Hook Library: Failed to find symbol mem_find_dreg_entries, ./a.out: undefined symbol: "
+      "__PAMI_Invalidate_region"), Category.CONFIG),
+    # rcc-uchicago/user-guide@def4294 docs/software/apps-and-envs/alphafold.md L183
+    ("implementation='triton' for FlashAttention is unsupported on this GPU generation.", Category.CONFIG),
+    # Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp (TORCH_CHECK(is_sm90 || is_sm8x, "..."))
+    ("RuntimeError: FlashAttention only supports Ampere GPUs or newer.", Category.CONFIG),
+    # argonne-lcf/user-guides@7d04a3f docs/aurora/known-issues.md L141
+    (("x1921c1s4b0n0.hostmgmt2000.cm.americas.sgi.com 0: The device does not have the ext_intel_free_memory aspect "
+      "-33 (PI_ERROR_INVALID_DEVICE)"), Category.CONFIG),
+    # stas00/ml-engineering@744d01e debug/pytorch.md L1981 (transformers' DebugUnderflowOverflow)
+    ("Detected inf/nan during batch_number=0", Category.NUMERICAL),
+    # owencqueen/PolymerGNN@c0345c1 formal/log_ablation/outputs/iv/fold=0.e L38
+    ("ValueError: Input contains NaN, infinity or a value too large for dtype('float64').", Category.NUMERICAL),
+    # bigscience-workshop/bigscience@9e64ede train/fixes.md L48-L50
+    ("error: invalid object 100644 e69f03783ce2b0af675405f22b49ebeb56d907e5 for '.gitattributes'", Category.STORAGE),
+]
+
+
+@pytest.mark.parametrize("line,category", DOCUMENTED_LINES)
+def test_documented_setup_network_and_numerical_lines(line, category):
+    verdict = _verdict(_log(line))
+    assert verdict.category is category
+    assert verdict.recoverable is (category is Category.NETWORK)
+
+
+def test_a_failed_memory_registration_is_the_setup_not_the_disk():
+    # ARCHER2-HPC/archer2-docs@7a5396d docs/known-issues/index.md L94-L96: UCX reports the failed registration
+    # (memlock) as "Input/output error" on the next lines
+    text = ("[1613401128.440695] [nid001192:11838:0] ib_md.c:325 UCX ERROR ibv_reg_mr(address=0xabcf12c0, "
+            "length=26400, access=0xf) failed: Cannot allocate memory\n"
+            "[1613401128.440768] [nid001192:11838:0] ucp_mm.c:137 UCX ERROR failed to register address 0xabcf12c0 "
+            "mem_type bit 0x1 length 26400 on md[4]=mlx5_0: Input/output error (md reg_mem_types 0x15)")
+    verdict = _verdict(_log(text))
+    assert verdict.category is Category.CONFIG and not verdict.recoverable
+    # other ibv_modify_qp errors are not read as set-up
+    assert _verdict(_log("NCCL WARN Call to ibv_modify_qp failed with error Connection timed out")).category \
+        is not Category.CONFIG
+
+
+def test_a_chdir_failure_yields_to_a_later_error():
+    # nesi/support-docs@16ba8d4 docs/Software/Available_Applications/OpenFOAM.md L63: Slurm still runs the job (in
+    # /tmp), so an error of the run decides
+    chdir = "slurmstepd: error: couldn't chdir to `/var/spool/slurm/jobXXXX': No such file or directory"
+    verdict = _verdict(_log(chdir + "\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert verdict.category is Category.OOM_GPU
+    assert _verdict(_log(chdir)).confidence < 0.7

@@ -3,9 +3,9 @@
 A corpus case is one TOML file: the inputs of one failure plus the verdict expected of it
 (format in ``tests/data/corpus/README.md``; real failures with their ``[source]`` in
 ``tests/data/corpus_real/README.md``). ``main()`` (``slurm-ft bench classify``) measures accuracy on the real
-corpus, for the whole of it and for its held-back third separately. ``run()`` times ``classify`` over a mixed
-corpus and, side by side in the same run, the reference scan (every regex on every line), so the printed ratio
-is robust to a noisy machine (``slurm-ft bench classify --speed``).
+corpus, whole and per part: each held-back part and the part rules are written from. ``run()`` times
+``classify`` over a mixed corpus and, side by side in the same run, the reference scan (every regex on every
+line), so the printed ratio is robust to a noisy machine (``slurm-ft bench classify --speed``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _LOG = {"rank", "node", "on", "kind", "text"}
 _NODE_EVENT = {"name", "state", "reason"}
 _EXPECT = {"category", "action", "recoverable", "nodes", "ranks", "evidence_contains", "min_confidence",
            "max_confidence"}
-_SOURCE = {"url", "site", "root_cause", "loudest_is_secondary"}
+_SOURCE = {"url", "site", "kind", "family", "root_cause", "loudest_is_secondary"}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,7 +186,8 @@ REAL_CORPUS = REPO_ROOT / "tests" / "data" / "corpus_real"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Accuracy on the real corpus, whole and held-back third; ``--speed`` runs the throughput benchmark instead."""
+    """Accuracy on the real corpus, whole and per part (each held-back part, the part rules are written from);
+    ``--speed`` runs the throughput benchmark instead."""
     import argparse
     import json
 
@@ -195,10 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="slurm-ft bench classify", description=main.__doc__)
     parser.add_argument("--corpus", type=Path, default=REAL_CORPUS / "cases", help="directory of case TOML files")
     parser.add_argument("--held-back", type=Path, default=REAL_CORPUS / "held_back.txt",
-                        help="file naming the held-back sites, one per line")
+                        help="file naming the held-back issue-thread sites, one per line")
+    parser.add_argument("--held-back-kinds", type=Path, default=REAL_CORPUS / "held_back_kinds.txt",
+                        help="file naming the held-back kinds of source and sites of other kinds "
+                             "('kind: K', 'site: S')")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--wrong", action="store_true",
-                        help="also list the wrong answers of the part rules are written from (never the held-back)")
+                        help="also list the wrong answers of the part rules are written from (never a held-back part)")
     parser.add_argument("--speed", action="store_true", help="verdicts per second instead (bench/bench_classify.py)")
     args, rest = parser.parse_known_args(argv)
     if args.speed:
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.corpus.is_dir():
         parser.error(f"--corpus {str(args.corpus)!r}: not a directory (the corpus ships with the source tree)")
     try:
-        held = acc.load_held_back(args.held_back)
+        split = acc.load_split(args.held_back, args.held_back_kinds)
         cases = load_corpus(args.corpus)
     except ValueError as exc:
         parser.error(str(exc))
@@ -216,16 +220,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--corpus {str(args.corpus)!r}: no cases (*.toml)")
     rules = default_rules()
     outcomes = {o.name: o for o in acc.outcomes(cases, rules)}
-    scores = [acc.Score("whole corpus", tuple(outcomes.values())),
-              acc.Score("held-back third", tuple(outcomes[c.name] for c in cases if acc.is_held_back(c, held))),
-              acc.Score("rules written from", tuple(outcomes[c.name] for c in cases if not acc.is_held_back(c, held)))]
+    parts = {c.name: split.part(c) for c in cases}
+    scores = [acc.Score("whole corpus", tuple(outcomes.values()))]
+    scores += [acc.Score(part, tuple(outcomes[c.name] for c in cases if parts[c.name] == part))
+               for part in (*acc.HELD_BACK_PARTS, acc.RULES)]
+    scores.insert(4, acc.Score("held-back, all parts", tuple(outcomes[c.name] for c in cases
+                                                             if parts[c.name] != acc.RULES)))
     if args.json:
-        print(json.dumps({"scores": [s.to_dict() for s in scores], "goal": acc.GOAL}))
+        print(json.dumps({"scores": [s.to_dict() for s in scores], "goal": acc.GOAL,
+                          "confident": {"threshold": acc.CONFIDENT, "goal": acc.CONFIDENT_GOAL}}))
         return 0
     print("\n\n".join(acc.render(s) for s in scores))
     if args.wrong:
-        print("\nwrong answers outside the held-back third (expected -> got):")
-        for o in (outcomes[c.name] for c in cases if not acc.is_held_back(c, held)):
+        print("\nwrong answers in the part rules are written from (expected -> got):")
+        for o in (outcomes[c.name] for c in cases if parts[c.name] == acc.RULES):
             if not (o.category_ok and o.recoverable_ok):
                 print(f"  {o.name}: {o.want_category}/{o.want_recoverable} -> {o.got_category}/{o.got_recoverable}"
                       f" ({o.confidence:.2f})")

@@ -10,6 +10,11 @@ Reduction (the rules.toml header documents it for admins):
    has one), else the most specific error; ranks that failed the same way are culprits too.
 5. Only secondary findings (victims, teardown): the strongest one names the category, with low confidence
    and no culprit.
+
+Besides rules.toml's signatures, a log tail is read for meaning: an ``NVRM: Xid`` line gets the Xid table's meaning
+(as the job's word: no strike), the step log's numbers are judged as a series (``slurm_ft.classify.metrics``), and
+a CUDA OOM inside the first barrier is not taken for the job's size. A verdict decided by a bare exception type
+stays below 0.7 confidence (``GENERIC_CONFIDENCE_MAX``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
+from slurm_ft.classify import metrics
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
 from slurm_ft.classify.rules import Rule, Rules, default_rules
 from slurm_ft.classify.scan import LineHit
@@ -29,6 +35,10 @@ from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, normalize
 
 NODE_BAND = 90
 JOB_BAND = 70
+# A bare exception type (a generic rule: KeyError, SyntaxError ...) names where the job died, not always why (a
+# library's version clash raises a SyntaxError too): a verdict it decides stays below 0.7, the confidence from
+# which a verdict is meant to be right 95% of the time (``slurm-ft bench classify`` measures it).
+GENERIC_CONFIDENCE_MAX = 0.65
 MAX_EVIDENCE_CHARS = 300
 _REQUEUEING = (Action.REQUEUE, Action.REQUEUE_EXCLUDE, Action.RESTART_IN_PLACE)
 
@@ -47,6 +57,30 @@ _XID_RULES = {
     XidKind.SECONDARY: Rule(id="xid:secondary", category=Category.UNKNOWN, priority=10, confidence=0.2,
                             secondary=True),
 }
+# An Xid line in a job's own log or error text (a user's dmesg paste, a wrapper that greps the kernel log): the
+# table gives its meaning, but it is the job's word: requeue (its own nodes may be excluded), never a strike.
+_XID_LOG_RULES = {
+    XidKind.DRAIN: Rule(id="xid_log:drain", category=Category.HARDWARE_GPU, priority=62, confidence=0.75),
+    XidKind.RESTART: Rule(id="xid_log:restart", category=Category.HARDWARE_GPU, priority=55, confidence=0.6,
+                          action=Action.REQUEUE),
+    XidKind.APPLICATION: Rule(id="xid_log:application", category=Category.USER_CODE, priority=30, confidence=0.4,
+                              blame=False),
+    XidKind.SECONDARY: Rule(id="xid_log:secondary", category=Category.UNKNOWN, priority=10, confidence=0.2,
+                            secondary=True),
+}
+# The training loop's numbers read as a series (slurm_ft.classify.metrics): deterministic, so numerical.
+_METRIC_RULES = {
+    "non_finite": Rule(id="metrics:non_finite", category=Category.NUMERICAL, priority=60, confidence=0.85),
+    "scale_collapse": Rule(id="metrics:scale_collapse", category=Category.NUMERICAL, priority=58, confidence=0.8),
+    "diverged": Rule(id="metrics:diverged", category=Category.NUMERICAL, priority=35, confidence=0.7),
+    "spike": Rule(id="metrics:spike", category=Category.NUMERICAL, priority=12, confidence=0.45),
+}
+# A CUDA OOM raised inside the process group's first barrier or its set-up: nothing of the model is allocated yet,
+# so not the job's size. Either the ranks share one GPU (LOCAL_RANK mapping) or the GPU is already taken or bad.
+_OOM_IN_SETUP = Rule(id="cuda_oom:in_setup", category=Category.UNKNOWN, priority=66, confidence=0.3,
+                     note="an OOM in the first barrier: ranks sharing one GPU, or a GPU already full or bad")
+_SETUP_FRAMES = ("barrier(", "init_process_group(", "new_group(", "ncclCommInitRank")
+_OOM_RULE_ID = "cuda_oom"
 _NVML_LOST = Rule(id="nvml:gpu_lost", category=Category.HARDWARE_GPU, priority=99, confidence=0.95)
 _NVML_FAULT = Rule(id="nvml:fault", category=Category.HARDWARE_GPU, priority=97, confidence=0.9)
 _NVML_PENDING = Rule(id="nvml:pending", category=Category.HARDWARE_GPU, priority=93, confidence=0.8)
@@ -386,9 +420,48 @@ def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEven
         label = (f"rank {tail.rank}" if tail.rank is not None else node or "unattributed") + f" {tail.kind}"
     found = list(_hit_findings(hits, rules, label, tail.kind, rank=tail.rank, node=node, time=None,
                                limit=rules.limits.max_findings_per_text, per_line=True))
-    if tail.kind == "log" and any("ChildFailedError" in h.line for h in hits):
-        found += _summary_findings(text, ctx, label)
+    if tail.kind == "log":
+        found += _oom_in_setup(hits, text, label, rank=tail.rank, node=node)
+        found += _xid_log_findings(hits, rules, label, rank=tail.rank, node=node)
+        found += _metric_findings(text, label, rank=tail.rank, node=node)
+        if any("ChildFailedError" in h.line for h in hits):
+            found += _summary_findings(text, ctx, label)
     return found
+
+
+def _oom_in_setup(hits: list[LineHit], text: str, label: str, *, rank: int | None, node: str) -> list[Finding]:
+    """A CUDA OOM whose traceback, in the lines just above it, is in a barrier or process-group set-up."""
+    for hit in hits:
+        if any(sig.rule.id == _OOM_RULE_ID for sig, _ in hit.signatures):
+            before = text[max(0, hit.pos - 600):hit.pos]
+            if any(frame in before for frame in _SETUP_FRAMES):
+                return [Finding(_OOM_IN_SETUP, f"{label}: CUDA OOM in the process group's set-up: {_clip(hit.line)}",
+                                "log", node=node, rank=rank if rank is not None else _line_rank(hit.line))]
+    return []
+
+
+def _xid_log_findings(hits: list[LineHit], rules: Rules, label: str, *, rank: int | None,
+                      node: str) -> Iterator[Finding]:
+    """An ``NVRM: Xid`` line in the job's own text means what the Xid table says, read by code, not phrase."""
+    seen = set()
+    for hit in hits:
+        if hit.xid is None or hit.xid[:2] in seen:
+            continue
+        seen.add(hit.xid[:2])
+        info = rules.xid(hit.xid[1])
+        rule = _XID_LOG_RULES.get(info.kind_for(hit.line))
+        if rule is not None:
+            yield Finding(rule, f"{label}: Xid {hit.xid[1]} ({info.name}): {_clip(hit.line)}", "log", node=node,
+                          rank=rank if rank is not None else _line_rank(hit.line))
+
+
+def _metric_findings(text: str, label: str, *, rank: int | None, node: str) -> list[Finding]:
+    """The step log's loss / grad norm / loss scale series, judged (``slurm_ft.classify.metrics``)."""
+    judgement = metrics.judge(text)
+    if judgement is None:
+        return []
+    return [Finding(_METRIC_RULES[judgement.kind], f"{label}: step log: {_clip(judgement.evidence)}", "log",
+                    node=node, rank=rank)]
 
 
 def _hit_findings(hits: list[LineHit], rules: Rules, label: str, kind: str, *, rank: int | None, node: str,
@@ -651,6 +724,8 @@ def _reduce(findings: list[Finding], ctx: _Context, rules: Rules, evidence: Evid
         confidence = top.rule.confidence
         if len({f.kind for f in primaries if f.category == top.category}) > 1:
             confidence = min(1.0, confidence + 0.1)  # independent inputs agree
+        if top.rule.generic:
+            confidence = min(confidence, GENERIC_CONFIDENCE_MAX)
         chosen = {id(f) for f in deciding}
         overruled = [f for f in primaries if id(f) not in chosen and f.category != top.category]
         return _verdict(top, deciding, secondaries, confidence, rules, evidence, overruled=overruled)

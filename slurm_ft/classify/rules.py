@@ -134,7 +134,7 @@ class Rules:
         for source in SOURCES:
             sigs = [s for s in self.signatures if source in s.sources]
             scanners[source] = Scanner(sigs, exception_names=self.exceptions if source in ("log", "error") else (),
-                                       xids=source == "kmsg", max_line_chars=self.limits.max_line_chars)
+                                       xids=source in ("kmsg", "log"), max_line_chars=self.limits.max_line_chars)
         object.__setattr__(self, "scanners", scanners)
 
     def _where(self) -> str:

@@ -38,6 +38,7 @@ failed=0
 check() {
   local name=$1 limit=$2 rc summary
   shift 2
+  [ "$device" = cuda ] || limit=$((limit * 10))  # the rehearsal runs on a CPU host, maybe a loaded one
   if declare -F "$1" >/dev/null; then
     timeout --kill-after=10 "$limit" bash -c "$(declare -f "$1"); $1" >"$out/$name.log" 2>&1
   else

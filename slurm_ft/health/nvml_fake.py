@@ -15,7 +15,9 @@ A GPU's users (``slurm_ft.launch.reclaim`` waits on them): ``"memory": {"total_m
 nobody listed) and ``"processes": [{"pid": 4242, "used_mb": 30000, "until": 1700000002.5}]``: a compute process
 NVML lists, with its memory, until ``until`` (epoch seconds on the fake's clock; null or absent: for good). The
 lab keeps one such file per node (``<test_nvml_snapshot_dir>/<node>.fake.json``, TEST-ONLY, see
-``slurm_ft.health.checks.recorded_fake_path``): a test holds a killed rank's memory on one node's GPU with it.
+``slurm_ft.health.checks.recorded_fake_path``): a test holds a killed rank's memory on one node's GPU with it. A
+fake made ``from_file`` reads the file again when it changes (at ``nvmlDeviceGetCount``, where every look at
+the GPUs starts), as a real GPU's users change under a long-lived caller.
 """
 
 from __future__ import annotations
@@ -98,10 +100,24 @@ class FakeNvml:
         self.pending_events: list[dict[str, Any]] = list(spec.get("events", []))
         self.registered: set[int] = set()
         self.initialised = 0
+        self.path: Path | None = None  # the spec's file, read again when it changes
+        self._stamp: tuple[int, int] | None = None
 
     @classmethod
     def from_file(cls, path: str | Path, *, clock: Callable[[], float] = time.time) -> "FakeNvml":
-        return cls(json.loads(Path(path).read_text()), clock=clock)
+        fake = cls(json.loads(Path(path).read_text()), clock=clock)
+        fake.path, fake._stamp = Path(path), _stamp(Path(path))
+        return fake
+
+    def _refresh(self) -> None:
+        """Read the spec's file again if it changed; a file that cannot be read now leaves the last spec."""
+        if self.path is None or _stamp(self.path) == self._stamp:
+            return
+        try:
+            spec = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        self.spec, self.gpus, self._stamp = spec, list(spec.get("gpus", [])), _stamp(self.path)
 
     # --- library -----------------------------------------------------------------------------------------
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml names
@@ -120,6 +136,7 @@ class FakeNvml:
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self._require_init()
+        self._refresh()
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
@@ -235,6 +252,14 @@ class FakeNvml:
         if link >= len(links):
             raise FakeNvmlError(2)
         return links[link]
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_ino
 
 
 def _supported(value: Any) -> Any:

@@ -105,9 +105,10 @@ def test_a_gpu_that_never_lets_go_fails_the_reclaim_check():
 def test_the_fsdp_summary_needs_a_kill_a_resume_and_equal_parameters():
     ok = '{"step": 12, "param_sha256": "abc123abc123ff", "resumed_from": 6}'
     ref = '{"step": 12, "param_sha256": "abc123abc123ff", "resumed_from": 0}'
-    runs = {"reference": (0, ref), "killed": (-signal.SIGKILL, "log"), "resumed": (0, "x\n" + ok)}
-    assert gpu_check.fsdp_line(runs) == ("check_gpu: fsdp: ok: killed at a step, resumed from step 6: parameters "
-                                         "bitwise equal to the uninterrupted run's (sha256 abc123abc123)", 0)
+    runs = {"reference": (0, ref), "killed": (-signal.SIGKILL, "log"), "resumed": (0, f"x\n{ok}")}
+    want = ("check_gpu: fsdp: ok: killed at a step, resumed from step 6: parameters bitwise equal to the "
+            "uninterrupted run's (sha256 abc123abc123)")
+    assert gpu_check.fsdp_line(runs) == (want, 0)
     differ = {**runs, "resumed": (0, ok.replace("abc123abc123ff", "ffff"))}
     assert gpu_check.fsdp_line(differ)[1] == 1 and "DIFFERENT" in gpu_check.fsdp_line(differ)[0]
     assert "not SIGKILL" in gpu_check.fsdp_line({**runs, "killed": (0, "")})[0]
@@ -117,8 +118,8 @@ def test_the_fsdp_summary_needs_a_kill_a_resume_and_equal_parameters():
 def test_the_fr_summary_counts_the_backends_all_reduces(monkeypatch):
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
     trace = {"entries": [{"profiling_name": "nccl:all_reduce"}] * 5 + [{"profiling_name": "nccl:broadcast"}]}
-    assert gpu_check.fr_line(trace, "nccl", 5) == ("check_gpu: fr: ok: TORCH_FR_BUFFER_SIZE=2000: 6 entries, 5 "
-                                                   "nccl:all_reduce of 5", 0)
+    want = "check_gpu: fr: ok: TORCH_FR_BUFFER_SIZE=2000: 6 entries, 5 nccl:all_reduce of 5"
+    assert gpu_check.fr_line(trace, "nccl", 5) == (want, 0)
     assert gpu_check.fr_line({"entries": []}, "nccl", 5)[1] == 1
 
 

@@ -8,7 +8,12 @@ import os
 import pytest
 
 from slurm_ft.core.config import SiteConfig
-from slurm_ft.health.checks import FAKE_SUFFIX, HealthConfig, job_nvml, recorded_fake_path
+from slurm_ft.health.checks import (
+    FAKE_SUFFIX,
+    HealthConfig,
+    job_nvml,
+    recorded_fake_path,
+)
 from slurm_ft.health.nvml import gpu_identity, gpu_use
 from slurm_ft.health.nvml_fake import FakeNvml, FakeNvmlError
 from slurm_ft.health.records import GpuHold, GpuUse
@@ -119,3 +124,17 @@ def test_real_nvml_lists_this_process_on_its_gpu():
     assert len(listed) == 1, f"pid {os.getpid()} not listed: {uses}"
     assert listed[0].used_mb >= 64
     del held
+
+
+def test_a_fake_from_a_file_sees_the_file_change(tmp_path):
+    path = tmp_path / "n1.fake.json"
+    path.write_text(json.dumps(_spec([{"pid": 42, "used_mb": 100}])))
+    nvml = FakeNvml.from_file(path)
+    nvml.nvmlInit()
+    assert gpu_use(nvml)[0].pids == (42,)
+    replaced = tmp_path / "new.json"
+    replaced.write_text(json.dumps(_spec([{"pid": 42, "used_mb": 100, "until": 0.0}])))
+    replaced.replace(path)  # as the lab writes it: a whole new file
+    assert gpu_use(nvml)[0].pids == ()  # released, seen by the same long-lived fake
+    path.write_text("{torn")
+    assert gpu_use(nvml)[0].pids == ()  # a file that cannot be read now: the last spec stands

@@ -80,8 +80,8 @@ def test_a_gpu_held_at_the_bound_is_hardware_gpu_and_its_node_is_swapped_for_the
 def test_a_held_gpu_without_a_spare_leaves_its_node_out_at_once(tmp_path):
     run = tmp_path / "run"
     comments = []
-    launcher, runner = make(tmp_path, [KilledRank(run, code=1)], Reclaim(Reclaimed(held=(HELD,))),
-                            comments=comments, node_fail_wait_s=60.0)
+    launcher, _ = make(tmp_path, [KilledRank(run, code=1)], Reclaim(Reclaimed(held=(HELD,))), comments=comments,
+                       node_fail_wait_s=60.0)
     assert launcher.run() == EX_TEMPFAIL
     assert comments == ["slurm-ft: tempfail bad_nodes=n2 attempts=1"]  # the monitor requeues the job without n2
     kinds = [e["event"] for e in events(tmp_path)]
@@ -97,6 +97,7 @@ def test_only_the_nodes_that_run_again_are_waited_on_and_a_cpu_job_not_at_all(tm
     launcher.probe = lambda nodes: {"n2": "probe step failed (exit 1)"}
     assert launcher.run() == 0
     assert reclaim.calls == [(["n1"], 1)]  # n2 failed the probe: it is out anyway
+    assert [c[0][4] for c in runner.calls] == ["--nodelist=n1,n2", "--nodelist=n1,n3"]
 
     cpu = tmp_path / "cpu"
     reclaim = Reclaim()

@@ -7,8 +7,16 @@ import sys
 
 import pytest
 
-from slurm_ft.core.rundir import ErrorRecord, GpuBinding, Heartbeat, RankEnd, write_end, write_error, \
-    write_gpu_binding, write_heartbeat
+from slurm_ft.core.rundir import (
+    ErrorRecord,
+    GpuBinding,
+    Heartbeat,
+    RankEnd,
+    write_end,
+    write_error,
+    write_gpu_binding,
+    write_heartbeat,
+)
 from slurm_ft.health.nvml_fake import FakeNvml
 from slurm_ft.health.records import GpuHold, GpuUse
 from slurm_ft.launch import reclaim

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_ft.bench.demo import DemoConfig, Run, batch_script, culprit_checks, ft_flags, gpu_held_checks, node_count
+from slurm_ft.bench.demo import (
+    DemoConfig,
+    Run,
+    batch_script,
+    culprit_checks,
+    ft_flags,
+    gpu_held_checks,
+    node_count,
+)
 from slurm_ft.slurm.types import JobInfo, JobState
 
 

@@ -8,7 +8,7 @@ mkdir -p "$out"
 python -c 'import pynvml' 2>/dev/null || pip install -q "nvidia-ml-py>=12"
 python -c 'import slurm_ft' 2>/dev/null || pip install -q -e . --no-deps
 nvidia-smi -L | tee "$out/nvidia-smi-L.txt" || true
-python -m pytest -q -rs tests/unit/test_health_nvml.py -k real_nvml -p no:cacheprovider 2>&1 | tee "$out/pytest.txt"
+python -m pytest -q -rs tests/unit/health/test_nvml.py -k real_nvml -p no:cacheprovider 2>&1 | tee "$out/pytest.txt"
 grep -q "1 passed" "$out/pytest.txt" || { echo "check_nvml: the real-NVML test did not pass (see above)"; exit 1; }
 python -m slurm_ft.health.nvml --xid-wait-ms 100 | tee "$out/snapshot.json"
 python - "$out/snapshot.json" <<'PY'

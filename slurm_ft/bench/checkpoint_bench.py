@@ -2,7 +2,8 @@
 save mode, for the same state, interleaved round by round, against the raw fsync'd disk write (as many files in
 parallel as DCP writer threads) and the memcpy of that state (the physical limits) measured in the same rounds.
 
-    slurm-ft bench checkpoint [--sizes 64,256,512] [--repeats 5] [--ranks 1] [--threads 2] [--out DIR]
+    slurm-ft bench checkpoint [--sizes 64,256,512] [--repeats 5] [--ranks 1] [--threads 2] [--device cpu|cuda]
+                              [--out DIR]
 
 Each rank is a real process in a gloo group (``--ranks``), holding ``size`` MB of its own parameters. Per size:
 one cold save per system (not reported in the medians), then --repeats rounds in which every system saves once
@@ -11,7 +12,9 @@ blocked), time to durable commit, persist bandwidth (bytes / time spent writing 
 and its ratio to the raw disk write of the same round. A memory pass then runs each system alone in a fresh
 process group (two saves) and records the peak growth of the proportional set size of each rank and its child
 processes over the model's own: the extra host memory it needs, staging buffers and helper processes included
-(page cache excluded). A system that cannot run here is listed as ``unavailable: <reason>``.
+(page cache excluded). A system that cannot run here is listed as ``unavailable: <reason>``. ``--device cuda``
+holds every rank's state on a GPU (ours, ``dcp.async_save`` with DCP's pinned and non-blocking stagers and the
+rest save the same GPU state); on a host without CUDA it says so in one line and exits 1.
 Outputs: the table on stdout, checkpoint_peers.json/.txt/.png in --out. Timings on a shared host are noisy:
 read the ratios, which compare neighbours in time.
 """
@@ -119,7 +122,7 @@ def _time_sizes(plan: dict[str, Any], rank: int, world: int, group: Any) -> list
 
     records = []
     for size in plan["sizes"]:
-        model = make_model(size, rank)
+        model = make_model(size, rank, plan.get("device", "cpu"))
         systems, down = _setup_all(plan["systems"], model, size, plan, rank, world, group)
         records += down
         step = 1
@@ -147,7 +150,7 @@ def _memory_one(plan: dict[str, Any], rank: int, world: int, group: Any) -> list
     from slurm_ft.bench import ckpt_systems as cs
 
     size = plan["size"]
-    model = cs.make_model(size, rank)
+    model = cs.make_model(size, rank, plan.get("device", "cpu"))
     cs.preload(model)  # code every system imports lazily is not memory a save needs
     gc.collect()
     base = cs.pss_tree_bytes()
@@ -176,6 +179,7 @@ def _host(config: cp.BenchConfig) -> dict[str, Any]:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
             "cuda": torch.cuda.is_available(), "platform": platform.platform(), "dir": config.dir,
+            "device": config.device, "gpu": torch.cuda.get_device_name(0) if config.device == "cuda" else None,
             "disk_free_gb": round(usage.free / 2**30, 1)}
 
 
@@ -192,6 +196,8 @@ def parse(argv: list[str] | None) -> tuple[cp.BenchConfig, Path]:
     p.add_argument("--system", action="append", metavar="NAME",
                    help=f"only this system (repeatable; the two limits always run): {'; '.join(system_names())}")
     p.add_argument("--no-memory", action="store_true", help="skip the memory pass")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where every rank's state lives (cuda: on GPU rank %% count; default cpu)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     args = p.parse_args(argv)
     try:
@@ -205,19 +211,35 @@ def parse(argv: list[str] | None) -> tuple[cp.BenchConfig, Path]:
     chosen = tuple(known[:2] + [s for s in known[2:] if s in args.system]) if args.system else ()
     try:
         config = cp.BenchConfig(sizes=sizes, repeats=args.repeats, threads=args.threads, ranks=args.ranks,
-                                dir=args.dir, memory=not args.no_memory, systems=chosen)
+                                dir=args.dir, memory=not args.no_memory, systems=chosen, device=args.device)
     except ConfigError as exc:
         p.error(str(exc))
     return config, args.out
+
+
+def cuda_missing(device: str) -> str:
+    """Why ``device`` cannot hold the state here ("" when it can): only cuda can be missing."""
+    if device != "cuda":
+        return ""
+    import torch
+
+    if torch.cuda.is_available():
+        return ""
+    build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, but no GPU or driver"
+    return f"CUDA is unavailable here (torch {torch.__version__}: {build}); run it on a GPU node"
 
 
 def main(argv: list[str] | None = None) -> int:
     from slurm_ft.bench.ckpt_systems import build, system_names
 
     config, out = parse(argv)
+    missing = cuda_missing(config.device)
+    if missing:
+        print(f"slurm-ft bench checkpoint: --device cuda: {missing}", file=sys.stderr)
+        return 1
     names = list(config.systems or system_names())
     plan = {"mode": "time", "sizes": list(config.sizes), "repeats": config.repeats, "threads": config.threads,
-            "dir": config.dir, "systems": names}
+            "dir": config.dir, "systems": names, "device": config.device}
     started = time.monotonic()
     print(f"timing {len(names)} systems x {len(config.sizes)} sizes x {config.repeats} rounds on "
           f"{config.ranks} rank(s)...", file=sys.stderr, flush=True)
@@ -241,7 +263,8 @@ def _memory_pass(config: cp.BenchConfig, names: list[str], records: list[dict[st
             if (size, name) in down or name == cp.DISK:
                 continue
             print(f"memory: {size} MB, {name}", file=sys.stderr, flush=True)
-            plan = {"mode": "memory", "size": size, "system": name, "threads": config.threads, "dir": config.dir}
+            plan = {"mode": "memory", "size": size, "system": name, "threads": config.threads, "dir": config.dir,
+                    "device": config.device}
             out += run_group(plan, config.ranks)
     return out
 

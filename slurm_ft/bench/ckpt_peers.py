@@ -41,7 +41,8 @@ class SystemInfo:
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
     """One run: state sizes (MB per rank), measured rounds per size, DCP writer threads, ranks (gloo processes),
-    output dir for checkpoints, whether to run the memory pass, an optional subset of systems."""
+    output dir for checkpoints, whether to run the memory pass, an optional subset of systems, and the device
+    the state lives on (cuda: every system saves the same GPU state; memcpy is then the device-to-host copy)."""
 
     sizes: tuple[int, ...] = (64, 256, 512)
     repeats: int = 5
@@ -50,8 +51,10 @@ class BenchConfig:
     dir: str = "/tmp/bench-ckpt"
     memory: bool = True
     systems: tuple[str, ...] = ()
+    device: str = "cpu"  # where the state lives: cpu, or cuda (each rank on GPU rank % count)
 
     def __post_init__(self) -> None:
+        require(self.device in ("cpu", "cuda"), "device", f"must be cpu or cuda, got {self.device!r}")
         require(bool(self.sizes) and all(isinstance(s, int) and s >= CHUNK_MB for s in self.sizes), "sizes",
                 f"must be integers >= {CHUNK_MB} (MB), got {self.sizes!r}")
         for name, low in (("repeats", 1), ("threads", 1), ("ranks", 1)):

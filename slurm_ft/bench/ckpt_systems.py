@@ -4,8 +4,12 @@
 rank 0, outside the timing) and ``close()``.
 
 Every DCP peer writes the same ``{"model": state_dict}`` with ``FileSystemWriter(thread_count=threads)`` (fsync'd
-files, DCP's default) on a gloo group of its own. ``stall_s`` is the time the caller is blocked before it may
-change the parameters again: for DCP's background staging that is until ``staging_completion`` is done.
+files, DCP's default) on a gloo group of its own. With ``--device cuda`` the state lives on the GPU: every system
+saves the same device tensors (ours through its pinned, reused buffers and side stream; DCP's pinned and
+non-blocking stagers become available), memcpy is the device-to-host copy into pinned buffers allocated once, and
+the raw disk limit writes a host copy made outside the timing. ``stall_s`` is the time the caller is blocked
+before it may change the parameters again: for DCP's background staging that is until ``staging_completion`` is
+done.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ class Unavailable(Exception):
     """This system cannot run on this host (the message says why)."""
 
 
-def make_model(size_mb: int, rank: int) -> nn.Module:
+def make_model(size_mb: int, rank: int, device: str = "cpu") -> nn.Module:
     """``size_mb`` of fp32 parameters in 16 MiB chunks, named per rank (``rank<R>.<i>``) so every rank owns
-    distinct items, as FSDP shards are (DCP would otherwise dedup identical names across ranks)."""
-    chunks = nn.ParameterList(nn.Parameter(torch.randn(CHUNK_MB * 2**20 // 4)) for _ in range(size_mb // CHUNK_MB))
+    distinct items, as FSDP shards are (DCP would otherwise dedup identical names across ranks); on ``device``
+    (``cuda``: GPU ``rank % count``)."""
+    where = torch.device("cuda", rank % torch.cuda.device_count()) if device == "cuda" else torch.device("cpu")
+    chunks = nn.ParameterList(nn.Parameter(torch.randn(CHUNK_MB * 2**20 // 4, device=where))
+                              for _ in range(size_mb // CHUNK_MB))
     model = nn.Module()
     model.add_module(f"rank{rank}", chunks)
     return model
@@ -73,12 +80,15 @@ class Memcpy(System):
 
     def setup(self) -> None:
         self.params = [p.detach() for p in self.model.parameters()]
-        self.buffers = [torch.empty_like(p) for p in self.params]
+        self.cuda = any(p.is_cuda for p in self.params)
+        self.buffers = [torch.empty_like(p, device="cpu", pin_memory=p.is_cuda) for p in self.params]
 
     def save(self, step: int) -> tuple[float, float | None]:
         start = time.perf_counter()
         for buf, p in zip(self.buffers, self.params):
-            buf.copy_(p)
+            buf.copy_(p, non_blocking=p.is_cuda)
+        if self.cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start, None
 
 
@@ -88,10 +98,14 @@ class RawDisk(System):
 
     info = SystemInfo(DISK, "limit", False, "-")
 
+    def setup(self) -> None:
+        super().setup()
+        self.host = [p.detach().cpu() for p in self.model.parameters()]  # a GPU state's bytes, outside the timing
+
     def save(self, step: int) -> tuple[float, float | None]:
         from concurrent.futures import ThreadPoolExecutor
 
-        views = [memoryview(p.detach().numpy()).cast("B") for p in self.model.parameters()]
+        views = [memoryview(p.numpy()).cast("B") for p in self.host]
         parts = [(self.root / f"raw-{self.rank}-{i}.bin", views[i::self.threads]) for i in range(self.threads)]
         start = time.perf_counter()
         with ThreadPoolExecutor(self.threads) as pool:

@@ -9,7 +9,11 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
 - ``hang``: rank 1 is SIGSTOPped: no heartbeat within the hang timeout, killed, restarted in place;
 - ``node-death``: the job's batch host dies (slurmd, stepds, ranks): Slurm ends the job NODE_FAIL and requeues it,
   the monitor classifies it, quarantines the node, excludes it and sets the resume hint; the job resumes elsewhere;
-- ``user-error``: the training code raises: one attempt, no requeue, the verdict in the job's Comment.
+- ``user-error``: the training code raises: one attempt, no requeue, the verdict in the job's Comment;
+- ``gpu-held``: rank 1 is SIGKILLed and its node's (fake, TEST-ONLY) GPU keeps the killed rank's memory for good:
+  the launcher's wait for the GPUs to let go (``slurm_ft.launch.reclaim``) ends at its bound, the verdict is
+  ``hardware_gpu`` naming that node and GPU, and the job swaps in its spare node (3 nodes, one spare) and finishes
+  there. The lab's nodes get two fake GPUs each for it (``slurm_ft.lab.gpus``).
 
 Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's) and
 ETTR (the clean run's wall time over each recovered run's). The verdict is the launcher's ``verdict`` event (the
@@ -43,10 +47,13 @@ from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.core.rundir import read_events, read_heartbeats
 from slurm_ft.core.taxonomy import Category, culprit_text
 from slurm_ft.lab.cluster import LabCluster, LabConfig
+from slurm_ft.lab import gpus as lab_gpus
 from slurm_ft.lab.faults import crash_node, fault_timing, signal_rank
 from slurm_ft.slurm.types import JobInfo, JobState
 
-SCENARIOS = ("clean", "kill-rank", "hang", "node-death", "user-error")
+SCENARIOS = ("clean", "kill-rank", "hang", "node-death", "user-error", "gpu-held")
+FAULTED = ("kill-rank", "hang", "node-death", "gpu-held")  # a fault injected from outside at the fault step
+RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
 HANG_TIMEOUT = 10
 ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
@@ -91,6 +98,7 @@ class Run:
     fault_step: int | None = None
     detected_at: float | None = None  # node-death: when Slurm requeued the job (no launcher lived to see it)
     victim: str = ""
+    held: tuple[str, int] | None = None  # gpu-held: the node and GPU that keep the killed rank's memory
     final: JobInfo | None = None
     result: dict[str, Any] | None = None
     printed: int = 0  # launcher events already shown
@@ -107,20 +115,33 @@ def batch_script(cfg: DemoConfig, run: Run) -> str:
                "--step-time", str(cfg.step_time_s)]
     if run.name == "user-error":  # a bug in the training code: it fails the same way on every attempt
         trainer += ["--fail-at", f"1:{cfg.fault_step}"]
-    return (f"#!/bin/bash\nexec {py} -m slurm_ft.cli launch --startup-grace 40 --probe-timeout 5 "
-            f"--node-fail-wait 40 -- {' '.join(trainer)}\n")
+    gpus = ""
+    if run.name == "gpu-held":  # the step's GPUs (the lab's fake ones): what Slurm's --gres would give
+        gpus = "export CUDA_VISIBLE_DEVICES=0\n"
+        trainer = ["--gpu-reclaim-timeout", str(RECLAIM_TIMEOUT), "--", *trainer]
+    else:
+        trainer = ["--", *trainer]
+    return (f"#!/bin/bash\n{gpus}exec {py} -m slurm_ft.cli launch --startup-grace 40 --probe-timeout 5 "
+            f"--node-fail-wait 40 {' '.join(trainer)}\n")
 
 
 def ft_flags(run: Run) -> list[str]:
+    spares = ["--ft-spare-nodes=1"] if run.name == "gpu-held" else []
     return ["--ft", f"--ft-ckpt-dir={run.ckpt}", f"--ft-ckpt-every={EVERY}", "--ft-max-restarts=2",
-            f"--ft-hang-timeout={HANG_TIMEOUT}"]
+            f"--ft-hang-timeout={HANG_TIMEOUT}", *spares]
+
+
+def node_count(run: Run) -> int:
+    """2 nodes per job; gpu-held has a third, its spare."""
+    return 3 if run.name == "gpu-held" else 2
 
 
 def submit(run: Run, script: str, env: dict[str, str], workdir: Path) -> int:
     path = workdir / f"{run.name}.sh"
     path.write_text(script)
     # --exclusive: a dead node takes down every job on it; each scenario gets its own nodes
-    done = subprocess.run(["sbatch", "--parsable", "-N2", "--exclusive", "-J", run.name, *ft_flags(run), str(path)],
+    done = subprocess.run(["sbatch", "--parsable", f"-N{node_count(run)}", "--exclusive", "-J", run.name,
+                           *ft_flags(run), str(path)],
                           cwd=workdir,
                           env=env, capture_output=True, text=True, timeout=30, check=False)
     if done.returncode != 0:
@@ -153,6 +174,11 @@ def inject(lab: Any, run: Run, job: JobInfo, say: Callable[[str], None]) -> None
         run.victim = job.nodes[0]
         crash_node(lab, run.victim)
         say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) killed: slurmd, stepds, ranks")
+    elif run.name == "gpu-held":
+        _, node, gpu = lab_gpus.hold_and_kill(lab, run.job_id, 1, seconds=None)
+        run.held = (node, gpu)
+        say(f"{run.name}: rank 1 of job {run.job_id} killed (SIGKILL) at step {run.fault_step}; {node} GPU {gpu} "
+            "keeps its memory for good (fake NVML)")
 
 
 def show_launcher_events(run: Run, say: Callable[[str], None]) -> None:
@@ -169,7 +195,12 @@ def show_launcher_events(run: Run, say: Callable[[str], None]) -> None:
             say(f"{run.name}: launcher verdict {event['verdict']['category']} "
                 f"(recoverable={event['verdict']['recoverable']}), culprit {culprit_text(event['verdict'])}")
         elif kind in ("restart_in_place", "spare_swap"):
-            say(f"{run.name}: launcher {kind.replace('_', ' ')}")
+            say(f"{run.name}: launcher {kind.replace('_', ' ')}" + (f" (out: {', '.join(event['out'])})"
+                                                                     if kind == "spare_swap" else ""))
+        elif kind == "gpu_reclaim":
+            held = ", ".join(f"{h['node']} GPU {h['gpu_index']}" for h in event["held"]) or "none"
+            say(f"{run.name}: launcher waited for the GPUs of {', '.join(event['nodes'])} to let go: still held: "
+                f"{held}")
         elif kind == "attempt_start" and event.get("resume_step") is not None:
             say(f"{run.name}: attempt {event['attempt']} on {','.join(event['nodes'])} resumes from step "
                 f"{event['resume_step']}")
@@ -249,6 +280,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
     env = {**os.environ, **lab.env()}
     runs = [Run(name=name, ckpt=workdir / f"ck-{name}") for name in
             sorted(cfg.scenarios, key=lambda n: (n != "node-death", SCENARIOS.index(n)))]  # longest first
+    if "gpu-held" in cfg.scenarios:
+        say(f"lab: two fake GPUs per node (TEST-ONLY NVML in {lab_gpus.install(lab)})")
     try:
         with MonitorThread(lab, state, cfg.dir / "monitor.log", say) as monitor:
             for run in runs:
@@ -265,6 +298,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
                     _restore(lab, monitor.quarantine, run.victim)
         return table, failed
     finally:
+        if "gpu-held" in cfg.scenarios:
+            lab_gpus.remove(lab)
         if not cfg.keep_lab:
             lab.down()
 
@@ -283,7 +318,7 @@ def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None
             show_launcher_events(run, say)
             if job is None:
                 continue
-            if run.name in ("kill-rank", "hang", "node-death") and run.fault_time is None:
+            if run.name in FAULTED and run.fault_time is None:
                 progress = attempt_progress(run)
                 if progress is not None and progress[0] == 1 and progress[1] >= cfg.fault_step:
                     run.fault_step, run.fault_time = progress[1], time.time()
@@ -337,7 +372,7 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
         failed += [f"{run.name}: {what}" for what, held in checks if not held]
         wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
         same = run.result is not None and run.result.get("param_sha256") == reference
-        ratio = clean_wall / wall if wall and run.name in ("kill-rank", "hang", "node-death") and same else None
+        ratio = clean_wall / wall if wall and run.name in FAULTED and same else None
         if ratio is not None:
             walls.append(wall)
         rows.append((run.name, verdict["category"] if verdict else "-", culprit_text(verdict) if verdict else "-",
@@ -373,6 +408,8 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
                 and 0 <= timing.steps_lost <= EVERY)]
     if run.name in ("kill-rank", "hang"):
         checks.append(("recovered in place", final is not None and final.restart_count == 0))
+    if run.name == "gpu-held":
+        checks += gpu_held_checks(run, events)
     if run.name == "hang":
         checks.append((f"detected within the {HANG_TIMEOUT} s hang timeout (+5 s polling)",
                        timing is not None and timing.detection_s is not None
@@ -385,6 +422,19 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
                    ("dead node quarantined", bool(run.victim) and quarantine.is_quarantined(run.victim)
                     and node is not None and node.reason.startswith(TAG))]
     return checks
+
+
+def gpu_held_checks(run: Run, events: list[dict]) -> list[tuple[str, bool]]:
+    """The launcher waited for the GPUs, found the held one, swapped its node out and finished without it."""
+    node, gpu = run.held or ("?", -1)
+    waits = [e for e in events if e["event"] == "gpu_reclaim"]
+    held = [(h["node"], h["gpu_index"]) for e in waits for h in e["held"]]
+    swaps = [e for e in events if e["event"] == "spare_swap"]
+    later = [e for e in events if e["event"] == "attempt_start" and e["attempt"] > 1]
+    return [(f"the wait named {node} GPU {gpu} held", held == [(node, gpu)]),
+            (f"{node} swapped out for the spare", [s["out"] for s in swaps] == [[node]]),
+            (f"finished without {node}", bool(later) and all(node not in e["nodes"] for e in later)),
+            ("not requeued", run.final is not None and run.final.restart_count == 0)]
 
 
 def verdict_of(run: Run, events: list[dict], monitor_verdict: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -417,6 +467,11 @@ def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None)
         checks.append(("not network", verdict is not None and verdict["category"] != Category.NETWORK.value))
     if run.name == "hang":
         checks.append(("hang", verdict is not None and verdict["category"] == Category.HANG.value))
+    if run.name == "gpu-held":
+        node = (run.held or ("?", -1))[0]
+        culprit = (verdict or {}).get("culprit", {})
+        checks += [("hardware_gpu", verdict is not None and verdict["category"] == Category.HARDWARE_GPU.value),
+                   (f"culprit {node} only", culprit.get("nodes") == [node])]
     return checks
 
 

@@ -87,6 +87,8 @@ _NVML_PENDING = Rule(id="nvml:pending", category=Category.HARDWARE_GPU, priority
 _NVML_WEAR = Rule(id="nvml:wear", category=Category.HARDWARE_GPU, priority=91, confidence=0.7)
 # The driver's own recovery action for the GPU (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): authoritative node evidence.
 _NVML_ACTION = Rule(id="nvml:recovery_action", category=Category.HARDWARE_GPU, priority=98, confidence=0.95)
+# A GPU that kept a dead attempt's processes (or their memory) past the launcher's wait: it cannot host a rank.
+_NVML_HELD = Rule(id="nvml:not_released", category=Category.HARDWARE_GPU, priority=96, confidence=0.85)
 _ROOT_CAUSE = Rule(id="torchrun:root_cause", category=Category.UNKNOWN, priority=5, confidence=0.3)
 _NOTHING = Rule(id="none", category=Category.UNKNOWN, priority=0, confidence=0.1)
 
@@ -204,6 +206,8 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
         if ctx.on_job(snapshot.node):
             findings += _nvml_findings(snapshot, rules)
             xids += snapshot.xids
+    findings += [Finding(_NVML_HELD, hold.describe(), "nvml", node=hold.node) for hold in evidence.held_gpus
+                 if ctx.on_job(hold.node)]
     for record in evidence.errors:
         said = list(_error_findings(record, rules, scan))
         if _only_secondary(said):

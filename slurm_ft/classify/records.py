@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
-from slurm_ft.health.records import NodeReport, NvmlSnapshot, XidEvent
+from slurm_ft.health.records import GpuHold, NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 LOG_KINDS = ("log", "kmsg")
@@ -95,6 +95,8 @@ class Evidence:
     ``in_allocation`` is True when the allocation is still alive (the launcher asking): recoverable
     categories then prefer ``restart_in_place``. ``ends`` says how each rank's process ended (the launcher's
     per-rank wrapper); ``hang`` is set only for an attempt the launcher found hung: every rank's state then.
+    ``held_gpus``: GPUs that still held the failed attempt's processes when the launcher's wait for their release
+    ended (NVML, read on their nodes: ``slurm_ft.launch.reclaim``).
     """
 
     job: JobEnd | None = None
@@ -106,9 +108,10 @@ class Evidence:
     ends: tuple[RankEnd, ...] = ()
     hang: tuple[RankState, ...] = ()
     in_allocation: bool = False
+    held_gpus: tuple[GpuHold, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang"):
+        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang", "held_gpus"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))

@@ -32,9 +32,10 @@ NO_REQUEUE = "NO_REQUEUE"      # "1" (--ft-no-requeue): restart in place or stop
 RESTART_CAUSE = "RESTART_CAUSE"  # why this run is a restart: the failure category (set by the launcher)
 RUN_ID = "RUN_ID"              # run identity that owns the checkpoint dir (default: the Slurm job id)
 CKPT_ADOPT = "CKPT_ADOPT"      # "1": take over a checkpoint dir another run owns
+GPU_RECLAIM_TIMEOUT = "GPU_RECLAIM_TIMEOUT"  # seconds the launcher waits for a failed attempt's GPUs to be free
 
 JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR,
-                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE, RUN_ID, CKPT_ADOPT)
+                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE, RUN_ID, CKPT_ADOPT, GPU_RECLAIM_TIMEOUT)
 
 # Process-wide settings.
 SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DEFAULT_SITE_CONFIG

@@ -11,6 +11,11 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
   (``slurm_ft.launch.rank``), also for a death no Python code sees (SIGKILL, SIGSEGV).
 - ``hang.rank<R>.json``: a hung attempt's rank as its node saw it before the kill (``RankState``: process state,
   liveness, stack file), written by ``slurm_ft.launch.hang``; ``stack.rank<R>.txt``: its Python stacks.
+- ``gpu.rank<R>.json``: the GPU the launcher bound the rank to (``GpuBinding``: the ``CUDA_VISIBLE_DEVICES`` it
+  got, the GPU's NVML index, UUID and PCI bus id), written by the per-rank wrapper at the rank's start; the
+  topology check compares it with the rank's previous attempt's (``attempt-<N>/gpu.rank<R>.json``).
+- ``reclaim.<node>.json``: after a failed attempt, whether that node's GPUs let go of the attempt's processes
+  within the launcher's bound (``slurm_ft.launch.reclaim``), written by a helper on the node.
 - ``events.jsonl``: the launcher's events, one JSON object a line (``{"event", "time", ...}``: ``attempt_start``,
   ``fault_detected``, ``verdict``, ``exit`` ...), appended by the launcher and, for a stop the monitor decides after
   the job ended, by the monitor's child as the job's user (``slurm_ft.cluster.stop_note``); read by
@@ -43,6 +48,8 @@ ERROR_GLOB = "error.rank*.json"
 END_GLOB = "end.rank*.json"
 HANG_GLOB = "hang.rank*.json"
 STACK_GLOB = "stack.rank*.txt"
+GPU_GLOB = "gpu.rank*.json"
+RECLAIM_GLOB = "reclaim.*.json"
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
 EVENTS_FILE = "events.jsonl"
@@ -78,6 +85,10 @@ def hang_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
 
 def stack_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / f"stack.rank{rank}.txt"
+
+
+def gpu_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"gpu.rank{rank}.json"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +162,27 @@ class RankState:
     in_collective: bool | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuBinding:
+    """The GPU one rank of one attempt was bound to: ``devices`` (its ``CUDA_VISIBLE_DEVICES``), and what NVML on
+    its node says that device is (``index``: NVML's, -1 unknown; ``uuid``; ``pci_bus``)."""
+
+    rank: int
+    host: str = ""
+    attempt: int = 0
+    devices: str = ""
+    index: int = -1
+    uuid: str = ""
+    pci_bus: str = ""
+
+    def same_gpu(self, other: "GpuBinding") -> bool:
+        """Whether both name the same physical GPU (UUID and PCI bus id where both know them)."""
+        return (self.uuid, self.pci_bus) == (other.uuid, other.pci_bus)
+
+    def describe(self) -> str:
+        return f"{self.host} GPU {self.index if self.index >= 0 else '?'} ({self.uuid or '?'}, {self.pci_bus or '?'})"
+
+
 def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -181,6 +213,10 @@ def write_end(run_dir: str | os.PathLike[str], record: RankEnd) -> None:
 
 def write_rank_state(run_dir: str | os.PathLike[str], record: RankState) -> None:
     write_json_atomic(hang_path(run_dir, record.rank), dataclasses.asdict(record))
+
+
+def write_gpu_binding(run_dir: str | os.PathLike[str], record: GpuBinding) -> None:
+    write_json_atomic(gpu_path(run_dir, record.rank), dataclasses.asdict(record))
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -220,6 +256,12 @@ def read_errors(run_dir: str | os.PathLike[str]) -> list[ErrorRecord]:
 def read_ends(run_dir: str | os.PathLike[str]) -> list[RankEnd]:
     """How each rank of the last attempt ended, earliest first (a record of the wrong shape is no evidence)."""
     return sorted((r for r in _read_all(Path(run_dir), END_GLOB, RankEnd) if _well_typed(r)), key=lambda r: r.time)
+
+
+def read_gpu_bindings(run_dir: str | os.PathLike[str]) -> list[GpuBinding]:
+    """The GPU each rank of the attempt whose files are in ``run_dir`` was bound to, by rank."""
+    return sorted((r for r in _read_all(Path(run_dir), GPU_GLOB, GpuBinding) if _well_typed(r)),
+                  key=lambda r: r.rank)
 
 
 def read_rank_states(run_dir: str | os.PathLike[str]) -> list[RankState]:

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.core import env
-from slurm_ft.core.config import require
+from slurm_ft.core.config import load_site_config, require
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.core.taxonomy import Category
+from slurm_ft.health.nvml import load_pynvml
+from slurm_ft.health.nvml_fake import FakeNvml
 from slurm_ft.health.records import NvmlSnapshot, XidEvent, recovery_action_name, snapshot_from_dict
 
 # Xids that mean the GPU or its memory/fabric is faulty, so the node must leave service (NVIDIA's Xid
@@ -209,6 +212,36 @@ def recorded_snapshot_path(node: str, config: HealthConfig, environ: Mapping[str
         path = Path(config.test_nvml_snapshot_dir) / f"{node}.json"
         return path if path.is_file() else None
     return None
+
+
+FAKE_SUFFIX = ".fake.json"
+
+
+def recorded_fake_path(node: str, config: HealthConfig) -> Path | None:
+    """TEST-ONLY: the scripted NVML (``slurm_ft.health.nvml_fake``) that answers for ``node`` where the job's own
+    processes ask NVML (the launcher's per-node GPU helpers): ``<test_nvml_snapshot_dir>/<node>.fake.json``, if
+    test mode names a dir and the file exists. Keyed by node name: the lab's nodes share one host."""
+    if not config.test_mode or not config.test_nvml_snapshot_dir or not _NODE_NAME_RE.match(node):
+        return None
+    path = Path(config.test_nvml_snapshot_dir) / f"{node}{FAKE_SUFFIX}"
+    return path if path.is_file() else None
+
+
+def job_nvml(node: str, load_site: Callable[[], Any] | None = None) -> tuple[Any, str]:
+    """The NVML a job's own process on ``node`` reads (the launcher's per-node helpers, the rank wrapper):
+    ``(module, note)``: pynvml (None when not installed), or in the site config's TEST-ONLY mode the node's scripted
+    fake (``recorded_fake_path``) with a note saying so. A site config that cannot be read means no test mode."""
+    try:
+        config = (load_site or load_site_config)().build("health", HealthConfig)
+    except (ConfigError, ValueError):
+        config = HealthConfig()
+    path = recorded_fake_path(node, config)
+    if path is None:
+        return load_pynvml(), ""
+    try:
+        return FakeNvml.from_file(path), f"TEST-ONLY: NVML answered by {path}"
+    except (OSError, ValueError) as exc:
+        return None, f"TEST-ONLY: bad fake NVML {str(path)!r}: {exc}"
 
 
 def load_snapshot(path: Path, *, node: str, now: float) -> NvmlSnapshot:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurm_ft.health.records import GpuHealth, NvmlSnapshot, XidEvent, normalize_pci_bus
+from slurm_ft.health.records import GpuHealth, GpuUse, NvmlSnapshot, XidEvent, normalize_pci_bus
 
 # NVML constants (stable across NVML versions; spelled here so a fake need not define them).
 _VOLATILE_ECC, _AGGREGATE_ECC = 0, 1
@@ -149,6 +149,44 @@ class NvmlProbe:
         if not up and not down:
             return None, (), None
         return up, tuple(down), errors if counted else None
+
+
+def gpu_use(nvml: Any) -> list[GpuUse]:
+    """Who holds each GPU now: its compute processes (``nvmlDeviceGetComputeRunningProcesses``) and memory used
+    (``nvmlDeviceGetMemoryInfo``). The caller owns NVML initialisation (one ``nvmlInit`` for a whole wait: it can
+    take a second where persistence mode is off); a GPU NVML cannot open is a record with its ``error``."""
+    return [_use(nvml, index) for index in range(nvml.nvmlDeviceGetCount())]
+
+
+def _use(nvml: Any, index: int) -> GpuUse:
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as exc:  # noqa: BLE001 - NO_PERMISSION (another job's GPU under cgroups), GPU_IS_LOST
+        return GpuUse(index=index, error=_describe(exc))
+    processes = _call(nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    memory = _call(nvml.nvmlDeviceGetMemoryInfo, handle)
+    pci = _call(nvml.nvmlDeviceGetPciInfo, handle)
+    return GpuUse(index=index, uuid=_text(_call(nvml.nvmlDeviceGetUUID, handle) or ""),
+                  pci_bus=normalize_pci_bus(_text(getattr(pci, "busId", b""))) if pci is not None else "",
+                  pids=None if processes is None else tuple(sorted(int(p.pid) for p in processes)),
+                  used_mb=None if memory is None else int(memory.used) // 2**20)
+
+
+def gpu_identity(nvml: Any, device: str) -> tuple[int, str, str] | None:
+    """(NVML index, UUID, PCI bus) of ``device``: a UUID (``GPU-...``, as CUDA_VISIBLE_DEVICES may name it) or an
+    NVML index; None when NVML cannot find it. The caller owns NVML initialisation."""
+    try:
+        if device.startswith(("GPU-", "MIG-")):
+            handle = nvml.nvmlDeviceGetHandleByUUID(device)
+            index = int(nvml.nvmlDeviceGetIndex(handle))
+        else:
+            index = int(device)
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # noqa: BLE001 - not a device NVML knows (ValueError: not a number either)
+        return None
+    pci = _call(nvml.nvmlDeviceGetPciInfo, handle)
+    return (index, _text(_call(nvml.nvmlDeviceGetUUID, handle) or ""),
+            normalize_pci_bus(_text(getattr(pci, "busId", b""))) if pci is not None else "")
 
 
 class XidWatcher:

@@ -10,17 +10,27 @@ The description (JSON, see ``tests/data/nvml/*.fake.json``) lists what each GPU 
                "remapped_rows": [0, 0, 0, 0], "retired_pages": {"sbe": [], "dbe": []}, "retired_pending": 0,
                "nvlink": [{"active": true, "errors": [0, 0, 0, 0]}]}],
      "events": [{"gpu": 0, "xid": 79}]}
+
+A GPU's users (``slurm_ft.launch.reclaim`` waits on them): ``"memory": {"total_mb": 81559, "used_mb": 0}`` (used by
+nobody listed) and ``"processes": [{"pid": 4242, "used_mb": 30000, "until": 1700000002.5}]``: a compute process
+NVML lists, with its memory, until ``until`` (epoch seconds on the fake's clock; null or absent: for good). The
+lab keeps one such file per node (``<test_nvml_snapshot_dir>/<node>.fake.json``, TEST-ONLY, see
+``slurm_ft.health.checks.recorded_fake_path``): a test holds a killed rank's memory on one node's GPU with it. A
+fake made ``from_file`` reads the file again when it changes (at ``nvmlDeviceGetCount``, where every look at
+the GPUs starts), as a real GPU's users change under a long-lived caller.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ERROR_NAMES = {
-    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions",
+    1: "Uninitialized", 2: "Invalid Argument", 3: "Not Supported", 4: "Insufficient Permissions", 6: "Not Found",
     9: "Driver Not Loaded", 10: "Timeout", 12: "NVML Shared Library Not Found", 13: "Function Not Found",
     15: "GPU is lost",
     999: "Unknown Error",
@@ -54,6 +64,19 @@ class _FieldValue:
 
 
 @dataclasses.dataclass
+class _ProcessInfo:
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 - bytes, as pynvml says it
+
+
+@dataclasses.dataclass
+class _Memory:
+    total: int
+    free: int
+    used: int
+
+
+@dataclasses.dataclass
 class _EventData:
     device: int
     eventType: int  # noqa: N815
@@ -70,16 +93,31 @@ class FakeNvml:
     NVMLError = FakeNvmlError
     NVML_NVLINK_MAX_LINKS = 18
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], *, clock: Callable[[], float] = time.time) -> None:
         self.spec = spec
+        self.clock = clock
         self.gpus: list[dict[str, Any]] = list(spec.get("gpus", []))
         self.pending_events: list[dict[str, Any]] = list(spec.get("events", []))
         self.registered: set[int] = set()
         self.initialised = 0
+        self.path: Path | None = None  # the spec's file, read again when it changes
+        self._stamp: tuple[int, int] | None = None
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "FakeNvml":
-        return cls(json.loads(Path(path).read_text()))
+    def from_file(cls, path: str | Path, *, clock: Callable[[], float] = time.time) -> "FakeNvml":
+        fake = cls(json.loads(Path(path).read_text()), clock=clock)
+        fake.path, fake._stamp = Path(path), _stamp(Path(path))
+        return fake
+
+    def _refresh(self) -> None:
+        """Read the spec's file again if it changed; a file that cannot be read now leaves the last spec."""
+        if self.path is None or _stamp(self.path) == self._stamp:
+            return
+        try:
+            spec = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        self.spec, self.gpus, self._stamp = spec, list(spec.get("gpus", [])), _stamp(self.path)
 
     # --- library -----------------------------------------------------------------------------------------
     def nvmlInit(self) -> None:  # noqa: N802 - pynvml names
@@ -98,6 +136,7 @@ class FakeNvml:
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
         self._require_init()
+        self._refresh()
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
@@ -110,6 +149,14 @@ class FakeNvml:
 
     def nvmlDeviceGetIndex(self, handle: int) -> int:  # noqa: N802
         return handle
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> int:  # noqa: N802
+        self._require_init()
+        text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        for index, gpu in enumerate(self.gpus):
+            if gpu.get("uuid") == text:
+                return self.nvmlDeviceGetHandleByIndex(index)
+        raise FakeNvmlError(6)  # NVML_ERROR_NOT_FOUND
 
     # --- per device --------------------------------------------------------------------------------------
     def nvmlDeviceGetUUID(self, handle: int) -> str:  # noqa: N802
@@ -142,6 +189,24 @@ class FakeNvml:
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:  # noqa: N802
         errors = _supported(self._link(handle, link).get("errors"))
         return int(errors[counter])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_ProcessInfo]:  # noqa: N802
+        return [_ProcessInfo(pid=int(p["pid"]), usedGpuMemory=int(p.get("used_mb", 0)) * 2**20)
+                for p in self._live(handle)]
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> _Memory:  # noqa: N802
+        memory = self._field(handle, "memory")
+        total = int(memory.get("total_mb", 0)) * 2**20
+        listed = self._live(handle) if self.gpus[handle].get("processes") is not None else []
+        used = (int(memory.get("used_mb", 0)) + sum(int(p.get("used_mb", 0)) for p in listed)) * 2**20
+        return _Memory(total=total, free=max(0, total - used), used=used)
+
+    def _live(self, handle: int) -> list[dict[str, Any]]:
+        """The processes NVML lists on the GPU now: those whose ``until`` has not passed (``"processes": null``:
+        the list is not readable, NVML_ERROR_NOT_SUPPORTED)."""
+        now = self.clock()
+        listed = self._field(handle, "processes") if "processes" in self.gpus[handle] else []
+        return [p for p in listed if p.get("until") is None or float(p["until"]) > now]
 
     # --- events ------------------------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> str:  # noqa: N802
@@ -187,6 +252,14 @@ class FakeNvml:
         if link >= len(links):
             raise FakeNvmlError(2)
         return links[link]
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_ino
 
 
 def _supported(value: Any) -> Any:

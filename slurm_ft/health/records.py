@@ -70,6 +70,41 @@ class NvmlSnapshot:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuUse:
+    """Who holds one GPU now (NVML ``nvmlDeviceGetComputeRunningProcesses`` and ``nvmlDeviceGetMemoryInfo``).
+    ``pids`` None: the process list was not readable; ``used_mb`` None: the memory was not readable."""
+
+    index: int
+    uuid: str = ""
+    pci_bus: str = ""
+    pids: tuple[int, ...] | None = None
+    used_mb: int | None = None
+    error: str = ""  # why NVML could not read this GPU at all
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuHold:
+    """A GPU that still held processes (or memory) of a failed attempt's ranks when the launcher's bounded wait for
+    their release ended: node evidence read through NVML on that node (``slurm_ft.launch.reclaim``)."""
+
+    node: str
+    gpu_index: int
+    uuid: str = ""
+    pci_bus: str = ""
+    pids: tuple[int, ...] = ()  # the attempt's processes NVML still listed on it
+    used_mb: int | None = None
+    waited_s: float = 0.0
+
+    def describe(self) -> str:
+        """``n2 GPU 1 (0000:2a:00): 30000 MiB of the killed attempt's pid 4242 not released after 30 s``."""
+        where = f"{self.node} GPU {self.gpu_index}" + (f" ({self.pci_bus})" if self.pci_bus else "")
+        who = (f"pid{'s' if len(self.pids) > 1 else ''} {', '.join(map(str, self.pids))}" if self.pids
+               else "its processes")
+        memory = f"{self.used_mb} MiB of " if self.used_mb is not None else ""
+        return f"{where}: {memory}the failed attempt's {who} not released after {self.waited_s:.0f} s"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class NodeReport:
     """What the epilog gathered on one node at job end."""
 

@@ -27,6 +27,7 @@ from slurm_ft.launch.hang import gather_on_nodes
 from slurm_ft.launch.launcher import LaunchConfig, Launcher, StoreHost, Waker, command_python
 from slurm_ft.launch.probe import ProbeConfig, probe_nodes
 from slurm_ft.launch.rank_env import is_torchrun
+from slurm_ft.launch.reclaim import ReclaimConfig, Reclaimed, reclaim_on_nodes
 from slurm_ft.launch.store import StoreKeeper
 from slurm_ft.slurm.address import master_addr, node_addr
 from slurm_ft.slurm.backend import make_client
@@ -60,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
                         help="let rank 0 host each restart's rendezvous store (as torch does) instead of a store "
                              "the launcher holds open before the ranks start; for scripts that make their own "
                              "TCPStore server at MASTER_PORT")
+    parser.add_argument("--no-gpu-bind", action="store_true",
+                        help="leave every rank the step's whole CUDA_VISIBLE_DEVICES instead of its own share by "
+                             "SLURM_LOCALID")
+    parser.add_argument("--gpu-reclaim-timeout", type=float,
+                        help="after a failed attempt, seconds its nodes' GPUs get to let go of its processes before "
+                             "the next attempt (a GPU still held is a bad GPU; 0 off; default "
+                             "$SLURM_FT_GPU_RECLAIM_TIMEOUT or 30)")
     parser.add_argument("--preempt-deadline", type=float,
                         help="seconds the ranks get to save after SIGUSR1/SIGTERM (default $SLURM_FT_PREEMPT_DEADLINE "
                              "or 25; on SIGTERM at most KillWait - 5)")
@@ -79,6 +87,18 @@ def _int_setting(value: int | None, name: str, default: int, environ: Mapping[st
         raise SlurmFtError(f"launch: {ft_env.PREFIX}{name} must be an integer, got {text!r}") from None
 
 
+def _float_setting(value: float | None, name: str, default: float, environ: Mapping[str, str]) -> float:
+    if value is not None:
+        return value
+    text = ft_env.job_setting(name, environ)
+    if text is None:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise SlurmFtError(f"launch: {ft_env.PREFIX}{name} must be a number, got {text!r}") from None
+
+
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> LaunchConfig:
     command = list(args.command)
     if command and command[0] == "--":
@@ -90,6 +110,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
             hang = float(text) if text else 300.0
         except ValueError:
             raise SlurmFtError(f"launch: {ft_env.PREFIX}{ft_env.HANG_TIMEOUT} must be a number, got {text!r}") from None
+    reclaim = _float_setting(getattr(args, "gpu_reclaim_timeout", None), ft_env.GPU_RECLAIM_TIMEOUT, 30.0, environ)
     ckpt = ft_env.job_setting(ft_env.CKPT_DIR, environ)
     run_dir = args.run_dir or ft_env.job_setting(ft_env.RUN_DIR, environ) or (
         str(run_dir_for(ckpt)) if ckpt else f".slurm-ft-{environ.get('SLURM_JOB_ID', 'local')}")
@@ -102,7 +123,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             node_fail_wait_s=args.node_fail_wait,
                             rank_records=not getattr(args, "no_rank_records", False),
                             standby=not getattr(args, "no_standby", False),
-                            launcher_store=not getattr(args, "no_launcher_store", False))
+                            launcher_store=not getattr(args, "no_launcher_store", False),
+                            gpu_bind=not getattr(args, "no_gpu_bind", False), gpu_reclaim_timeout_s=reclaim)
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 
@@ -175,11 +197,15 @@ def _main(args: argparse.Namespace) -> int:
     def gather_hang(nodes: Sequence[str], run_dir: Path) -> str:
         return gather_on_nodes(nodes, run_dir, environ)
 
+    def reclaim(nodes: Sequence[str], run_dir: Path, attempt: int) -> Reclaimed:
+        return reclaim_on_nodes(nodes, run_dir, attempt, environ,
+                                ReclaimConfig(timeout_s=config.gpu_reclaim_timeout_s))
+
     launcher = Launcher(config, allocation=allocation, environ=environ, node_states=node_states,
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
                         latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
-                        store=store_keeper(config, allocation, environ), bell=bell_for(environ))
+                        store=store_keeper(config, allocation, environ), bell=bell_for(environ), reclaim=reclaim)
     return launcher.run()
 
 

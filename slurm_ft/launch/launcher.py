@@ -9,7 +9,10 @@ hang, and the attempt is killed. After a failed attempt:
   with the attempt's exit code, for the monitor to record;
 - every node healthy -> restart in place, resuming from the newest checkpoint. Healthy: Slurm does not call it
   down, drained or not responding, and it runs a one-task probe step within ``probe_timeout_s``
-  (``slurm_ft.launch.probe``: Slurm itself notices a dead node only after SlurmdTimeout);
+  (``slurm_ft.launch.probe``: Slurm itself notices a dead node only after SlurmdTimeout); and before the nodes run
+  the next attempt, their GPUs let go of the failed attempt's processes within ``gpu_reclaim_timeout_s``
+  (``slurm_ft.launch.reclaim``, checked on each node through NVML): a GPU still held is a bad GPU
+  (``hardware_gpu``), and its node is treated as unhealthy;
 - a node unhealthy and enough spares -> swap the spares in and restart (submit with ``sbatch --no-kill`` so
   that the allocation survives the loss of a node);
 - otherwise wait up to ``node_fail_wait_s`` for Slurm to declare the bad node (the job then ends NODE_FAIL and
@@ -27,8 +30,9 @@ and a short root cause paragraph in the job's output.
 
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
 ``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
-to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``verdict``, ``first_step``,
-``standby_start``, ``standby_off``, ``comment_error``, ``exit``.
+to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``gpu_reclaim``, ``verdict``,
+``first_step``, ``standby_start``, ``standby_off``, ``comment_error``, ``exit``. Each rank gets its own GPUs and
+NCCL's fault settings (``slurm_ft.launch.rank_env``).
 """
 
 from __future__ import annotations
@@ -58,8 +62,10 @@ from slurm_ft.core.rundir import (
     END_GLOB,
     ERROR_GLOB,
     EVENTS_FILE,
+    GPU_GLOB,
     HANG_GLOB,
     HEARTBEAT_GLOB,
+    RECLAIM_GLOB,
     STACK_GLOB,
     RankState,
     read_ends,
@@ -72,7 +78,8 @@ from slurm_ft.health.jobfiles import latest_step
 from slurm_ft.launch import bell as fault_bell
 from slurm_ft.launch.hang import rank_states
 from slurm_ft.launch.preempt import PreemptConfig, requeue_job
-from slurm_ft.launch.rank_env import wire
+from slurm_ft.launch.rank_env import nccl_defaults, wire
+from slurm_ft.launch.reclaim import Reclaimed, gpus_in_use
 from slurm_ft.launch.standby import STOP_SIGNAL, script_of
 from slurm_ft.launch.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
 from slurm_ft.launch.text import describe
@@ -141,6 +148,13 @@ class LaunchConfig:
     launcher_store: bool = False
     """Restarts rendezvous at a store held open on the launcher's node (the CLI turns it on unless
     ``--no-launcher-store``)."""
+    gpu_bind: bool = True
+    """Each rank gets its own share of the GPUs Slurm gave the step, by ``SLURM_LOCALID`` (``--no-gpu-bind`` turns
+    it off; ``slurm_ft.launch.rank_env``)."""
+    gpu_reclaim_timeout_s: float = 30.0
+    """After a failed attempt, the most its nodes wait for their GPUs to let go of its processes before the next
+    attempt runs there (``--gpu-reclaim-timeout``, ``SLURM_FT_GPU_RECLAIM_TIMEOUT``); a GPU still held then is a bad
+    GPU. 0: no wait."""
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -165,6 +179,9 @@ class LaunchConfig:
                 f"must be >= 0 (--probe-timeout), got {self.probe_timeout_s!r}")
         require(self.node_fail_wait_s >= 0, "node_fail_wait_s",
                 f"must be >= 0 (--node-fail-wait), got {self.node_fail_wait_s!r}")
+        require(isinstance(self.gpu_reclaim_timeout_s, (int, float)) and 0 <= self.gpu_reclaim_timeout_s <= 600,
+                "gpu_reclaim_timeout_s",
+                f"must be within [0, 600] seconds (--gpu-reclaim-timeout), got {self.gpu_reclaim_timeout_s!r}")
         object.__setattr__(self, "run_dir", Path(self.run_dir))
 
 
@@ -375,7 +392,8 @@ class Launcher:
                  restart_cause: str | None = None, latch: Any = None, preempt: Any = None,
                  requeue: Callable[[], None] | None = None, comment: str = "",
                  gather_hang: Callable[[Sequence[str], Path], str] | None = None,
-                 store: StoreHost | None = None, bell: Waker | None = None) -> None:
+                 store: StoreHost | None = None, bell: Waker | None = None,
+                 reclaim: Callable[[Sequence[str], Path, int], Reclaimed] | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -389,6 +407,7 @@ class Launcher:
         self.gather_hang = gather_hang  # runs the per-node hang helpers (slurm_ft.launch.hang); "" or why not
         self.store = store  # holds each restart's rendezvous store open before the ranks start (else rank 0 does)
         self.bell = bell  # wakes the attempt's poll loop when a rank ends badly (else it sees it a poll later)
+        self.reclaim = reclaim  # waits on each node for its GPUs to let go of a failed attempt (launch.reclaim)
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         self.latch, self.preempt = latch, preempt or PreemptConfig()  # SIGUSR1/SIGTERM: save, requeue
         self.requeue = requeue  # requeues this job (after the ranks' emergency save on SIGUSR1)
@@ -444,13 +463,15 @@ class Launcher:
             if result.outcome is Outcome.HUNG and result.warm and not result.trained:
                 self._turn_standby_off()
             sick = self._sick(chosen)
-            verdict = self._judge(result, sick)
-            if sick:
-                self._failure = Category.HARDWARE_NODE.value
-                self._bad |= sick
+            held = self._gpu_reclaim(chosen, sick)
+            verdict = self._judge(result, sick, held)
+            if sick or held:
+                self._failure = (Category.HARDWARE_NODE if sick else Category.HARDWARE_GPU).value
+                out = sick | {hold.node for hold in held}
+                self._bad |= out
                 if choose_nodes(self.allocation, wanted=self.wanted, bad=self._bad) is None:
-                    return self._give_up(sick, self._bad)
-                self._event("spare_swap", out=sorted(sick), attempt=self.attempts)
+                    return self._give_up(sick, self._bad)  # Slurm may declare the sick ones; a held GPU, never
+                self._event("spare_swap", out=sorted(out), attempt=self.attempts)
                 continue  # a membership change: no retry used
             if result.outcome is Outcome.FAILED and not self._recoverable(verdict):
                 category, reason, evidence = self._stopping
@@ -471,6 +492,18 @@ class Launcher:
             self._event("node_probe", attempt=self.attempts, failed=dict(found))
             bad |= set(found)
         return bad
+
+    def _gpu_reclaim(self, chosen: list[str], sick: set[str]) -> tuple[Any, ...]:
+        """Before the healthy nodes of the failed attempt run the next one: wait (bounded, on each node) until their
+        GPUs let go of its processes; the GPUs still held (``GpuHold``). No wait where the job has no GPUs."""
+        nodes = [n for n in chosen if n not in sick]
+        if (self.reclaim is None or self.config.gpu_reclaim_timeout_s <= 0 or not nodes
+                or not gpus_in_use(self.config.run_dir, self.environ)):
+            return ()
+        started = self.clock()
+        found = self.reclaim(nodes, self.config.run_dir, self.attempts)
+        self._event("gpu_reclaim", attempt=self.attempts, took_s=round(self.clock() - started, 3), **found.event())
+        return found.held
 
     def _flagged(self, nodes: Sequence[str]) -> set[str]:
         if self.node_states is None:
@@ -549,8 +582,9 @@ class Launcher:
         cfg = self.config
         env = self._env(chosen)
         wiring = wire(cfg.command, nodes=len(chosen), ntasks_per_node=cfg.ntasks_per_node, addr=env["MASTER_ADDR"],
-                      port=int(env["MASTER_PORT"]))  # RANK, WORLD_SIZE ... for every rank; torchrun wired
+                      port=int(env["MASTER_PORT"]), gpu_bind=cfg.gpu_bind)  # RANK, WORLD_SIZE ..., GPUs; torchrun wired
         env.update(wiring.env)
+        env.update(nccl_defaults(env, hang_timeout_s=cfg.hang_timeout_s))  # only those the user did not set
         # A step that had a rank on a dead node stays "completing" in Slurm's books, holding its CPUs on the live
         # nodes, until the job ends: later attempts share them (only one attempt runs at a time).
         overlap = ["--overlap"] if self.attempts > 1 else []
@@ -705,11 +739,11 @@ class Launcher:
         return rank_states(watch.ranks, read_heartbeats(self.config.run_dir), read_rank_states(self.config.run_dir),
                            watch.live(now))
 
-    def _judge(self, result: AttemptResult, sick: set[str]) -> Any:
+    def _judge(self, result: AttemptResult, sick: set[str], held: Sequence[Any] = ()) -> Any:
         """The attempt's verdict (culprit rank and node), as a ``verdict`` event and a root cause paragraph."""
         if self.classify_fn is None:
             return None
-        evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick)
+        evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick, held=held)
         verdict = self.classify_fn(evidence)
         cause = root_cause(verdict, evidence)
         self._event("verdict", attempt=self.attempts, outcome=result.outcome.value, root_cause_rank=cause["rank"],
@@ -788,7 +822,7 @@ class Launcher:
 
     def _archive(self, name: str) -> None:
         """Move the heartbeats and error files in the run dir (the last attempt's) to ``<run_dir>/<name>/``."""
-        patterns = (HEARTBEAT_GLOB, ERROR_GLOB, END_GLOB, HANG_GLOB, STACK_GLOB)
+        patterns = (HEARTBEAT_GLOB, ERROR_GLOB, END_GLOB, HANG_GLOB, STACK_GLOB, GPU_GLOB, RECLAIM_GLOB)
         found = [p for pattern in patterns for p in self.config.run_dir.glob(pattern)
                  if p.is_file() and not p.is_symlink()]
         if not found:

@@ -28,6 +28,17 @@ def _verdict(e: Mapping[str, Any]) -> str:
     return f"attempt {e.get('attempt')}: verdict {v.get('category')} ({how}){': ' + evidence if evidence else ''}"
 
 
+def _reclaim(e: Mapping[str, Any]) -> str:
+    held = [f"{h.get('node')} GPU {h.get('gpu_index')} (pids {_ranks(h.get('pids'))}, {h.get('used_mb')} MiB)"
+            for h in e.get("held") or ()]
+    waited = max((e.get("waited_s") or {}).values(), default=0.0)
+    line = f"attempt {e.get('attempt')}: GPUs of {','.join(e.get('nodes', [])) or '-'} waited on for {waited:g} s: "
+    line += ("still held: " + "; ".join(held)) if held else "released"
+    if e.get("unread"):
+        line += f"; not reported by {','.join(e['unread'])}" + (f" ({e['why']})" if e.get("why") else "")
+    return line
+
+
 def _exit(e: Mapping[str, Any]) -> str:
     cause = f", cause {e['cause']}" if e.get("cause") else ""
     return f"exit {e.get('code')}: {e.get('why')}{cause} (after {e.get('attempts')} attempt(s))"
@@ -39,6 +50,7 @@ LINES: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "fault_detected": _fault,
     "verdict": _verdict,
     "restart_in_place": lambda e: f"restarting in place ({e.get('retries_left')} restart(s) left)",
+    "gpu_reclaim": _reclaim,
     "spare_swap": lambda e: f"swapping a spare in for {','.join(e.get('out', []))}",
     "node_probe": lambda e: ("probe: every node answered" if not e.get("failed") else
                              "probe: " + "; ".join(f"{n}: {why}" for n, why in e["failed"].items())),

@@ -1,7 +1,8 @@
 """The launcher's judgement of one failed or hung attempt: the evidence it has, and how it tells the user.
 
 Evidence: the ranks' error files and end records (``slurm_ft.launch.rank``), a hung attempt's rank states
-(``slurm_ft.launch.hang``), and the nodes found unhealthy after it. ``root_cause`` picks the culprit rank, its
+(``slurm_ft.launch.hang``), the nodes found unhealthy after it, and the GPUs that kept its processes past the
+launcher's wait (``slurm_ft.launch.reclaim``). ``root_cause`` picks the culprit rank, its
 node and the first line of its real error; ``paragraph`` is the few lines the launcher prints at the end of an
 attempt, so the real error is not lost under the secondary tracebacks of the ranks that failed because of it.
 """
@@ -15,15 +16,17 @@ from typing import Any
 from slurm_ft.classify.records import Evidence, NodeEvent
 from slurm_ft.core.rundir import RankState, read_ends, read_errors
 from slurm_ft.core.taxonomy import Verdict
+from slurm_ft.health.records import GpuHold
 
 PROBE_REASON = "slurm-ft launch: failed the probe step or marked unhealthy by Slurm after the attempt"
 
 
-def attempt_evidence(run_dir: Path, *, hang: Sequence[RankState] = (), sick: Iterable[str] = ()) -> Evidence:
+def attempt_evidence(run_dir: Path, *, hang: Sequence[RankState] = (), sick: Iterable[str] = (),
+                     held: Sequence[GpuHold] = ()) -> Evidence:
     """What the launcher knows of the attempt whose files are in ``run_dir`` (the allocation still lives)."""
     nodes = tuple(NodeEvent(name=n, state=frozenset({"NOT_RESPONDING"}), reason=PROBE_REASON) for n in sorted(sick))
     return Evidence(errors=tuple(read_errors(run_dir)), ends=tuple(read_ends(run_dir)), hang=tuple(hang),
-                    nodes=nodes, in_allocation=True)
+                    nodes=nodes, in_allocation=True, held_gpus=tuple(held))
 
 
 def root_cause(verdict: Verdict, evidence: Evidence) -> dict[str, Any]:

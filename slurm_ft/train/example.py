@@ -283,6 +283,7 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,
             "resumed_sha256": loaded_sha, "world_size": world, "data_position": data.position,
             "emergency": emergency, "resharded_from": report.resharding[0] if report.resharding else None,
+            "gpu_changed": report.gpu_changed,
             "checkpoint": mgr.stats}
 
 
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         timeline.write("launch")
     with record_errors(run_dir, rank) as tracker:
         if args.backend == "nccl":
-            device = torch.device("cuda", local_rank)
+            device = torch.device("cuda", local_rank % torch.cuda.device_count())  # bound by the launcher: cuda:0
             torch.cuda.set_device(device)
             topology.prepare_nccl_topo_dump(args.ckpt_dir)
         if world > 1:

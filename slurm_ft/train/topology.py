@@ -6,7 +6,10 @@ separate from judging (``judge``: a pure function returning one problem string p
 raises the same TopologyError; a rank that never arrives is named by the barrier's timeout, not a hang.
 
 Allowed and reported, not an error: a world size or rank->host map that differs from the newest checkpoint's
-manifest (the load reshards). With NCCL, call ``prepare_nccl_topo_dump(ckpt_dir)`` before
+manifest (the load reshards), and a rank whose GPU (UUID, PCI bus id) differs from its previous attempt's: the
+binding (``slurm_ft.launch.rank_env``) keeps it on a restart in place, a swapped-in spare changes it. The rank's
+GPU is CUDA's own word where this process uses CUDA, else what its wrapper recorded through NVML
+(``gpu.rank<R>.json``, ``slurm_ft.launch.gpus``); the previous one is in ``<run_dir>/attempt-<N-1>/``. With NCCL, call ``prepare_nccl_topo_dump(ckpt_dir)`` before
 ``init_process_group``: NCCL then writes its topology XML to ``<ckpt_dir>/topology/`` during the check.
 """
 
@@ -59,6 +62,8 @@ class TopologyReport:
     bandwidth_gbps: float | None
     moved: list[str] = dataclasses.field(default_factory=list)  # rank->host changes since the checkpoint
     nccl_topo_file: str | None = None
+    gpu: records.GpuBinding | None = None  # this rank's GPU, when it has one
+    gpu_changed: list[str] = dataclasses.field(default_factory=list)  # this rank's GPU change since its last attempt
 
 
 def _ranks_on(hosts: list[str], wanted) -> dict[str, list[int]]:
@@ -91,6 +96,69 @@ def judge(obs: Observed, *, min_bandwidth_gbps: float = 0.0) -> list[str]:
 def moved_ranks(before: list[str], now: list[str]) -> list[str]:
     """Pure: ``"rank R: A -> B"`` for each rank whose host changed since the checkpoint (ranks both have)."""
     return [f"rank {rank}: {old} -> {new}" for rank, (old, new) in enumerate(zip(before, now)) if old != new]
+
+
+def gpu_changes(before: records.GpuBinding | None, now: records.GpuBinding | None) -> list[str]:
+    """Pure: ``["rank R: GPU <before> -> <now>"]`` when the rank's GPU differs from its previous attempt's (UUID
+    and PCI bus id), else [] (also when either is unknown)."""
+    if before is None or now is None or not (before.uuid or before.pci_bus) or before.same_gpu(now):
+        return []
+    return [f"rank {now.rank}: GPU {before.describe()} -> {now.describe()}"]
+
+
+def _cuda_binding(rank: int, environ: Mapping[str, str]) -> records.GpuBinding | None:
+    """The rank's current CUDA device as CUDA names it, when this process has initialised CUDA."""
+    try:
+        import torch
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return None
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    except (ImportError, RuntimeError, AssertionError):
+        return None
+    uuid = str(getattr(props, "uuid", "") or "")
+    bus = (f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}"
+           if hasattr(props, "pci_bus_id") else "")
+    return records.GpuBinding(rank=rank, host=_host(environ), attempt=_attempt(environ),
+                              devices=environ.get("CUDA_VISIBLE_DEVICES", ""),
+                              uuid=uuid if not uuid or uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}",
+                              pci_bus=bus)
+
+
+def _attempt(environ: Mapping[str, str]) -> int:
+    text = environ.get("SLURM_FT_ATTEMPT", "")
+    return int(text) if text.isdigit() else 0
+
+
+def _recorded(run_dir: Path, rank: int, wait_s: float = 0.0,
+              sleep=time.sleep) -> records.GpuBinding | None:
+    """Rank ``rank``'s record in ``run_dir``, waiting up to ``wait_s`` for its wrapper to write it."""
+    waited = 0.0
+    while True:
+        found = next((b for b in records.read_gpu_bindings(run_dir) if b.rank == rank), None)
+        if found is not None or waited >= wait_s:
+            return found
+        sleep(0.1)
+        waited += 0.1
+
+
+def check_gpu(rank: int, environ: Mapping[str, str], run_dir: Path | None) -> tuple[records.GpuBinding | None,
+                                                                                   list[str]]:
+    """This rank's GPU and its change since the previous attempt (see the module docstring). CUDA's own word is
+    written over the wrapper's record, so the next attempt compares with it."""
+    if run_dir is None:
+        return _cuda_binding(rank, environ), []
+    now = _cuda_binding(rank, environ)
+    if now is not None:
+        try:
+            records.write_gpu_binding(run_dir, now)
+        except OSError:
+            log.warning("cannot record rank %d's GPU in %s", rank, run_dir)
+    else:  # the wrapper writes its record while the rank starts: a moment's wait where one is coming
+        coming = bool(environ.get("CUDA_VISIBLE_DEVICES")) and _attempt(environ) > 0
+        now = _recorded(run_dir, rank, wait_s=2.0 if coming else 0.0)
+    attempt = _attempt(environ)
+    before = _recorded(run_dir / f"attempt-{attempt - 1}", rank) if attempt > 1 else None
+    return now, gpu_changes(before, now)
 
 
 def allocated_nodes(environ: Mapping[str, str]) -> list[str]:
@@ -229,7 +297,30 @@ def revalidate(*, ckpt_dir: str | os.PathLike[str] | None = None, environ: Mappi
     moved = moved_ranks(obs.checkpoint_rank_hosts, obs.rank_hosts)
     if moved:
         log.info("ranks on other hosts than at the last checkpoint: %s", ", ".join(moved))
+    gpu, gpu_changed = check_gpu(_rank(environ), environ, _run_dir(ckpt_dir, environ))
+    for change in gpu_changed:
+        log.warning("the GPU changed since the last attempt: %s", change)
     dump = environ.get(NCCL_TOPO_DUMP_FILE)
     return TopologyReport(world_size=obs.world_size, rank_hosts=obs.rank_hosts, resharding=resharding,
                           bandwidth_gbps=obs.bandwidth_gbps, moved=moved,
-                          nccl_topo_file=dump if dump and os.path.isfile(dump) else None)
+                          nccl_topo_file=dump if dump and os.path.isfile(dump) else None, gpu=gpu,
+                          gpu_changed=gpu_changed)
+
+
+def _rank(environ: Mapping[str, str]) -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        dist = None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    text = environ.get("RANK") or environ.get("SLURM_PROCID") or "0"
+    return int(text) if text.isdigit() else 0
+
+
+def _run_dir(ckpt_dir: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
+    """The run dir the launcher and the wrappers use (``SLURM_FT_RUN_DIR``, else ``<ckpt_dir>/.slurm-ft``)."""
+    chosen = env.job_setting(env.RUN_DIR, environ)
+    if chosen:
+        return Path(chosen)
+    return records.run_dir_for(ckpt_dir) if ckpt_dir else None

@@ -129,3 +129,23 @@ def test_ours_without_early_writeback_is_ours_async_with_only_the_closing_fsync(
             assert system.save(1)[1] is not None  # durable
         finally:
             system.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+def test_device_cuda_without_cuda_says_so_in_one_line_and_fails(capsys, tmp_path):
+    assert cb.main(["--device", "cuda", "--sizes", "16", "--out", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("slurm-ft bench checkpoint: --device cuda: CUDA is unavailable here (torch ")
+    assert not any(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+def test_device_is_parsed_and_checked():
+    from slurm_ft.bench.ckpt_peers import BenchConfig
+
+    assert cb.parse(["--device", "cuda"])[0].device == "cuda" and cb.parse([])[0].device == "cpu"
+    with pytest.raises(SystemExit):
+        cb.parse(["--device", "tpu"])
+    with pytest.raises(ValueError, match="device: must be cpu or cuda"):
+        BenchConfig(device="gpu")
+    assert cb.cuda_missing("cpu") == ""

@@ -182,3 +182,20 @@ def test_the_nodes_own_evidence_is_attested():
 ])
 def test_victims_view_tells_a_peers_closed_connection_from_an_error_of_its_own(exc_type, message, victim):
     assert victims_view(ErrorRecord(rank=0, time=1.0, exc_type=exc_type, message=message)) is victim
+
+
+def test_a_gpu_that_kept_a_dead_attempts_memory_is_hardware_gpu_on_its_node():
+    from slurm_ft.core.rundir import RankEnd
+    from slurm_ft.health.records import GpuHold
+
+    held = GpuHold(node="n2", gpu_index=1, pci_bus="0000:2a:00", pids=(4242,), used_mb=30000, waited_s=30.0)
+    killed = RankEnd(rank=1, time=10.0, host="n2", pid=4242, signal=9)
+    verdict = classify(Evidence(ends=(killed,), held_gpus=(held,), in_allocation=True))
+    assert verdict.category is Category.HARDWARE_GPU and verdict.recoverable
+    assert verdict.culprit.nodes == ("n2",) and verdict.attested_nodes == ("n2",)  # NVML, read on n2
+    assert verdict.evidence[0] == held.describe()
+    # without the hold the same kill is a rank killed from outside, not the GPU's fault
+    assert classify(Evidence(ends=(killed,), in_allocation=True)).category is Category.UNKNOWN
+    # a held GPU on a node outside the job is none of its business
+    outside = classify(Evidence(job=JobEnd(state="FAILED", nodes=("n1",)), held_gpus=(held,)))
+    assert outside.category is not Category.HARDWARE_GPU

@@ -25,3 +25,18 @@ def test_stage_reallocates_on_shape_change_and_can_skip_caching():
     a = stager.stage({"w": torch.zeros(2)})
     b = stager.stage({"w": torch.zeros(3)})
     assert b["w"].shape == (3,) and stager.cached_bytes == 0 and a["w"].shape == (2,)
+
+
+def test_the_cpu_path_makes_no_cuda_call(monkeypatch):
+    """CPU tensors take the plain memcpy: no side stream, no stream wait, no synchronize, no pinned buffer."""
+    def cuda(*args, **kwargs):
+        raise AssertionError("a CUDA call on the CPU path")
+
+    for name in ("Stream", "current_stream", "synchronize", "stream"):
+        monkeypatch.setattr(torch.cuda, name, cuda)
+    stager = Stager(reuse_buffers=True, pin_memory=True)  # pinning is for device tensors only
+    live = {"w": torch.arange(4.0), "nested": [torch.ones(3, dtype=torch.int64)]}
+    staged = stager.stage(live)
+    again = stager.stage(live)
+    assert staged["w"].equal(live["w"]) and not staged["w"].is_pinned()
+    assert again["w"].data_ptr() == staged["w"].data_ptr() and again["nested"][0].equal(live["nested"][0])

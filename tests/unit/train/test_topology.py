@@ -1,5 +1,6 @@
 """Topology judgement (pure) and revalidate() in a single process."""
 
+import dataclasses
 import socket
 
 import pytest
@@ -71,3 +72,32 @@ def test_revalidate_reports_moved_ranks_and_nccl_dump(tmp_path):
                                                              "NCCL_TOPO_DUMP_FILE": str(dump)})
     assert report.resharding is None and report.moved == ["rank 0: n9 -> n1"]
     assert report.nccl_topo_file == str(dump)
+
+
+# --- each rank's GPU against its last attempt's ---------------------------------------------------------------
+def test_a_changed_gpu_is_reported_and_an_unknown_one_is_not():
+    from slurm_ft.core.rundir import GpuBinding
+    from slurm_ft.train.topology import gpu_changes
+
+    a = GpuBinding(rank=1, host="n2", index=0, uuid="GPU-a", pci_bus="0000:18:00")
+    assert gpu_changes(a, a) == [] and gpu_changes(None, a) == [] and gpu_changes(a, None) == []
+    moved = GpuBinding(rank=1, host="n3", index=0, uuid="GPU-c", pci_bus="0000:18:00")
+    assert gpu_changes(a, moved) == ["rank 1: GPU n2 GPU 0 (GPU-a, 0000:18:00) -> n3 GPU 0 (GPU-c, 0000:18:00)"]
+    assert gpu_changes(GpuBinding(rank=1, devices="0"), moved) == []  # nothing known before: nothing to compare
+
+
+def test_check_gpu_compares_the_wrappers_records_of_two_attempts(tmp_path):
+    from slurm_ft.core.rundir import GpuBinding, write_gpu_binding
+    from slurm_ft.train.topology import check_gpu
+
+    before = GpuBinding(rank=1, host="n2", attempt=1, devices="1", index=1, uuid="GPU-b", pci_bus="0000:29:00")
+    write_gpu_binding(tmp_path / "attempt-1", before)
+    write_gpu_binding(tmp_path, dataclasses.replace(before, attempt=2))
+    now, changed = check_gpu(1, {"SLURM_FT_ATTEMPT": "2"}, tmp_path)
+    assert now.uuid == "GPU-b" and changed == []  # a restart in place keeps the rank on its GPU
+    write_gpu_binding(tmp_path, GpuBinding(rank=1, host="n3", attempt=2, devices="1", index=1, uuid="GPU-z",
+                                           pci_bus="0000:29:00"))
+    assert check_gpu(1, {"SLURM_FT_ATTEMPT": "2"}, tmp_path)[1] == [
+        "rank 1: GPU n2 GPU 1 (GPU-b, 0000:29:00) -> n3 GPU 1 (GPU-z, 0000:29:00)"]
+    assert check_gpu(1, {"SLURM_FT_ATTEMPT": "1"}, tmp_path)[1] == []  # a first attempt has nothing before it
+    assert check_gpu(0, {"SLURM_FT_ATTEMPT": "2"}, tmp_path) == (None, [])  # a CPU rank: no GPU, no change

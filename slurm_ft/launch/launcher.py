@@ -38,6 +38,7 @@ import enum
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -383,6 +384,8 @@ class Launcher:
         self._standbys: list[tuple[frozenset[str], Process]] = []  # steps of warm standby ranks, by their nodes
         self._bad: set[str] = set()  # nodes of the allocation found unhealthy: no attempt, no standby on them
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
+        # the random part of the standbys' socket names, for our own steps only: nobody can bind them first
+        self._standby_key = secrets.token_hex(16)
 
     def run(self) -> int:
         try:
@@ -613,7 +616,8 @@ class Launcher:
                 f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(missing)}", "--overlap", "--no-kill",
                 "--kill-on-bad-exit=0", python, "-m", "slurm_ft.launch.standby", "--python", python]
         try:
-            self._standbys.append((frozenset(missing), self.runner(argv, env)))
+            step = self.runner(argv, {**env, ft_env.STANDBY_KEY: self._standby_key})
+            self._standbys.append((frozenset(missing), step))
         except OSError as exc:
             self._event("standby_error", error=str(exc)[-200:])
             return
@@ -729,8 +733,10 @@ class Launcher:
         python = self._standby_python()
         if python is not None and self.attempts > 1 and self._standby_ready():
             env[ft_env.STANDBY] = python  # the wrappers ask their slot's standby for the rank (else start it cold)
+            env[ft_env.STANDBY_KEY] = self._standby_key
         else:
             env.pop(ft_env.STANDBY, None)
+            env.pop(ft_env.STANDBY_KEY, None)
         cause = self.restart_cause if self.attempts == 1 else self._failure
         if cause:
             env[ft_env.PREFIX + ft_env.RESTART_CAUSE] = cause

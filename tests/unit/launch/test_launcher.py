@@ -687,6 +687,27 @@ def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(t
     assert [e["event"] for e in events(tmp_path)].count("standby_start") == 1
 
 
+def test_the_standbys_and_the_wrappers_share_a_random_key_that_only_the_launchers_steps_get(tmp_path):
+    """The standbys' socket names carry a key the launcher draws: nobody can bind a slot's name before its keeper
+    (job id, node and slot are guessable, for jobs not even started)."""
+    keys = []
+    for attempt in range(2):
+        run = tmp_path / f"run{attempt}"
+        clock = Clock()
+        runner = Runner([Script(run, code=1, steps=3), Standby(), Script(run)])
+        launcher = Launcher(LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0,
+                                         kill_grace_s=3.0, standby=True),
+                            allocation=("n1",), environ={"PATH": "/bin", "SLURM_JOB_ID": "4242"}, runner=runner,
+                            clock=clock, sleep=clock.sleep, port=lambda: 29500)
+        assert launcher.run() == 0
+        (_, first_env), (_, standby_env), (_, second_env) = runner.calls
+        key = standby_env["SLURM_FT_STANDBY_KEY"]
+        assert second_env["SLURM_FT_STANDBY_KEY"] == key and "SLURM_FT_STANDBY_KEY" not in first_env
+        assert len(key) == 32 and int(key, 16) >= 0 and "4242" not in key
+        keys.append(key)
+    assert keys[0] != keys[1]  # drawn anew by every launcher
+
+
 def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_path):
     """The spare node's standbys start with the others, so the node swapped in for a dead one starts its rank
     warm; a dead node's part of the standby step dies with it, the standbys on the other nodes (and the ranks they

@@ -185,7 +185,8 @@ class StoreHost(Protocol):
 class Waker(Protocol):
     """The launcher's fault bell (``slurm_ft.launch.bell.Bell``): a rank's wrapper rings it when the rank ends badly."""
 
-    address: str
+    def arm(self) -> str:
+        """A fresh token for the next attempt: the value of its ``$SLURM_FT_BELL``."""
 
     def wait(self, seconds: float) -> bool: ...
 
@@ -723,7 +724,7 @@ class Launcher:
         env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
         env["SLURM_FT_ATTEMPT"] = str(self.attempts)
         if self.bell is not None and self.config.rank_records:  # the wrappers ring it
-            env[fault_bell.ENV] = self.bell.address
+            env[fault_bell.ENV] = self.bell.arm()  # a token per attempt
         else:
             env.pop(fault_bell.ENV, None)
         if self.resume_step is not None and self.attempts == 1:

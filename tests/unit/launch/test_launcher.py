@@ -278,10 +278,12 @@ def test_an_error_of_its_own_before_the_first_bad_end_is_still_waited_for(tmp_pa
 class Bell:
     """A fake fault bell on the fake clock: rung at ``at`` (the failed rank's wrapper)."""
 
-    address = "10.0.0.1:4242"
-
     def __init__(self, clock, at: float) -> None:
-        self.clock, self.at, self.closed = clock, at, False
+        self.clock, self.at, self.closed, self.armed = clock, at, False, 0
+
+    def arm(self) -> str:
+        self.armed += 1
+        return f"10.0.0.1:4242:token{self.armed}"
 
     def wait(self, seconds: float) -> bool:
         if self.clock.now < self.at <= self.clock.now + seconds:
@@ -302,7 +304,8 @@ def test_the_bell_wakes_the_launcher_when_a_rank_ends_badly(tmp_path):
     assert launcher.run() == 0
     fault = next(e for e in events(tmp_path) if e["event"] == "fault_detected")
     assert fault["time"] == pytest.approx(1002.4)  # at the ring, not at the next poll (1003)
-    assert runner.calls[0][1]["SLURM_FT_BELL"] == "10.0.0.1:4242"  # where the wrappers ring
+    bells = [env["SLURM_FT_BELL"] for _, env in runner.calls]
+    assert bells == ["10.0.0.1:4242:token1", "10.0.0.1:4242:token2"]  # where the wrappers ring, a token per attempt
     assert bell.closed
 
 

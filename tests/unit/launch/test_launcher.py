@@ -845,6 +845,8 @@ def test_the_launcher_holds_the_store_only_where_every_rank_can_use_it(argv, env
         from slurm_ft.slurm.address import master_addr
 
         assert keeper.python == "python" and keeper.addr == master_addr("n1", {})  # the launcher's own node
+        assert keeper.peers == "n1,n2"  # only the allocation's nodes may connect
+        assert store_keeper(config, ["n1", "n2"], {**environ, "SLURM_JOB_NODELIST": "n[1-2]"}).peers == "n[1-2]"
 
 
 class Silent(Script):

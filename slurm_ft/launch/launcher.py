@@ -63,6 +63,8 @@ from slurm_ft.core.rundir import (
     HEARTBEAT_GLOB,
     STACK_GLOB,
     RankState,
+    append_line,
+    make_run_dir,
     read_ends,
     read_errors,
     read_heartbeats,
@@ -778,8 +780,7 @@ class Launcher:
                  if p.is_file() and not p.is_symlink()]
         if not found:
             return
-        dest = self.config.run_dir / name
-        dest.mkdir(parents=True, exist_ok=True)
+        dest = make_run_dir(self.config.run_dir / name)
         for path in found:
             os.replace(path, dest / path.name)
 
@@ -793,8 +794,6 @@ class Launcher:
         line = json.dumps(record, default=str)
         log.info(describe(record))  # a plain line in the job's output; the JSON goes to events.jsonl
         try:
-            self.config.run_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.config.run_dir / EVENTS_FILE, "a") as fh:
-                fh.write(line + "\n")
+            append_line(make_run_dir(self.config.run_dir) / EVENTS_FILE, line)  # private: it names the store's port
         except OSError as exc:
             log.warning("cannot write %s: %s", self.config.run_dir / EVENTS_FILE, exc)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import sys
 
 import pytest
@@ -117,6 +119,20 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1" and env["MASTER_ADDR"]
     assert env["SLURM_FT_RESUME_STEP"] == "7"
     assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
+
+
+def test_the_run_dir_the_launcher_creates_is_the_users_alone(tmp_path):
+    """events.jsonl names each attempt's store port: another user must not read it (or the archived attempts)."""
+    run = tmp_path / "run"
+    old = os.umask(0o022)
+    try:
+        launcher, _, _ = make(tmp_path, [Script(run, code=1, steps=3), Script(run)])
+        launcher._event("launch", note="before any rank wrote a file")
+        assert launcher.run() == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [run, *run.iterdir()]}
+    assert modes["run"] == 0o700 and modes["events.jsonl"] == 0o600 and modes["attempt-1"] == 0o700
 
 
 def test_a_requeued_jobs_first_attempt_carries_the_requeue_cause(tmp_path):

@@ -63,21 +63,34 @@ def hook_sources() -> Path:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class InstallConfig:
-    """Where things go. ``plugstack`` defaults to ``plugstack.conf`` next to ``slurm_conf`` (or /etc/slurm)."""
+    """``slurm-ft admin install``: where things go."""
 
     prefix: Path = Path("/usr/local")
+    """Installation prefix of the SPANK plugin and the hook scripts (``--prefix``)."""
     config_dir: Path = Path("/etc/slurm-ft")
+    """Where the site config (``config.toml``) goes."""
     state_dir: Path = Path("/var/lib/slurm-ft")
-    slurm_conf: Path | None = None  # edited with edit=True
+    """slurm-ft's state directory (quarantine store, job registry, node reports)."""
+    slurm_conf: Path | None = None
+    """The slurm.conf to edit when ``edit`` is set; unset: only print the lines to add."""
     plugstack: Path | None = None
-    systemd_dir: Path | None = Path("/etc/systemd/system")  # None: no unit
+    """The plugstack.conf to write; unset: ``plugstack.conf`` next to ``slurm_conf`` (or in /etc/slurm)."""
+    systemd_dir: Path | None = Path("/etc/systemd/system")
+    """Where the monitor's systemd unit goes; unset: no unit."""
     python: str = sys.executable
+    """The interpreter the hook scripts and the monitor run with."""
     slurm_user: str = "slurm"
+    """Slurm's SlurmUser (owns the state the hooks write)."""
     edit: bool = False
-    test_mode: bool = False  # TEST-ONLY: the lab's recorded-NVML injection (see health/checks.py)
+    """Edit slurm.conf and plugstack.conf in place (after a timestamped backup) instead of printing the lines."""
+    test_mode: bool = False
+    """TEST-ONLY: the lab's recorded-NVML injection (``[health] test_mode``)."""
     source: Path = dataclasses.field(default_factory=hook_sources)
-    slurm_include: Path | None = None  # None: the headers of the Slurm first on PATH (slurm_ft.slurm.headers)
-    default_ckpt_dir: Path | None = None  # the SPANK plugin's default_ckpt_dir= (None: sbatch needs --ft-ckpt-dir)
+    """Where ``spank/``, ``prolog/`` and ``epilog/`` are (the wheel ships them; else the source tree)."""
+    slurm_include: Path | None = None
+    """Slurm headers to build the SPANK plugin against; unset: those of the Slurm first on PATH."""
+    default_ckpt_dir: Path | None = None
+    """The SPANK plugin's ``default_ckpt_dir=``; unset: sbatch needs ``--ft-ckpt-dir``."""
 
     def __post_init__(self) -> None:
         for name in ("prefix", "config_dir", "state_dir", "slurm_conf", "plugstack", "systemd_dir", "source",

@@ -59,17 +59,28 @@ PROLOG_FAILED = 1
 class HooksConfig:
     """``[hooks]``: limits and switches of the prolog and epilog."""
 
-    min_free_gb: float = 1.0  # the job's checkpoint dir needs this much free space; 0 disables the check
-    nvml_timeout_s: float = 10.0  # an NVML probe that hangs longer counts as a GPU fault
-    space_timeout_s: float = 5.0  # a statvfs that hangs longer counts as a storage fault
-    files_timeout_s: float = 10.0  # reading the ranks' error files
-    slurm_timeout_s: float = 10.0  # each sinfo/scontrol call
-    budget_s: float = 45.0  # the whole hook; keep it under slurm.conf PrologEpilogTimeout
+    min_free_gb: float = 1.0
+    """The job's checkpoint dir needs this many GiB free; 0 disables the check."""
+    nvml_timeout_s: float = 10.0
+    """An NVML probe that hangs longer counts as a GPU fault."""
+    space_timeout_s: float = 5.0
+    """A statvfs of the checkpoint dir that hangs longer counts as a storage fault."""
+    files_timeout_s: float = 10.0
+    """Seconds the epilog may spend reading the ranks' error files."""
+    slurm_timeout_s: float = 10.0
+    """Seconds each sinfo/scontrol call may take."""
+    budget_s: float = 45.0
+    """Seconds for the whole hook; keep it under slurm.conf's ``PrologEpilogTimeout``."""
     max_error_file_bytes: int = 262_144
+    """A rank error file larger than this is skipped with a note."""
     max_error_files: int = 256
-    kmsg_lookback_s: float = 3_600.0  # epilog without a prolog record: Xids this far back count
-    use_quarantine_store: bool = True  # false where state_dir is shared (NFS): drain directly instead
-    log_file: str = ""  # default <state_dir>/log/hooks.log
+    """At most this many rank error files are read per job."""
+    kmsg_lookback_s: float = 3_600.0
+    """An epilog without its prolog's record counts kernel-log Xids this many seconds back."""
+    use_quarantine_store: bool = True
+    """False where ``state_dir`` is shared (NFS): drain directly instead of through the SQLite quarantine store."""
+    log_file: str = ""
+    """The hooks' log; empty: ``<state_dir>/log/hooks.log``."""
 
     def __post_init__(self) -> None:
         for name in ("min_free_gb", "nvml_timeout_s", "space_timeout_s", "files_timeout_s", "slurm_timeout_s",

@@ -101,15 +101,20 @@ class ActionState(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class MonitorConfig:
-    """``poll_interval_s`` (--poll), ``state_dir`` (--state-dir), ``default_max_restarts`` (jobs without their
-    own budget), ``metrics_port`` (--metrics-port, 0 = off, binds 127.0.0.1), ``dry_run`` (--dry-run: decide
-    and log, change nothing)."""
+    """``[monitor]``: the monitor daemon (``slurm-ft monitor``); flags override the file."""
 
     poll_interval_s: float = 30.0
+    """Seconds between two polls of Slurm, each one ``squeue`` and one ``sinfo`` for every job (``--poll``); within (0,
+    3600]."""
     state_dir: Path = Path("/var/lib/slurm-ft")
+    """Where the monitor keeps ``monitor.db`` and reads the job registry and node reports (``--state-dir``; else the
+    site config's ``state_dir``)."""
     default_max_restarts: int = 3
+    """The restart budget of a job that registered none of its own (``--ft-max-restarts``); within [0, 1000]."""
     metrics_port: int = 0
+    """Port of the Prometheus endpoint, bound to 127.0.0.1 (``--metrics-port``); 0 turns it off."""
     dry_run: bool = False
+    """Decide and log every action, change nothing in Slurm (``--dry-run``)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.poll_interval_s, (int, float)) and 0 < self.poll_interval_s <= 3600,

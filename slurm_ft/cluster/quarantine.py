@@ -60,15 +60,24 @@ class NodeState(str, enum.Enum):
 class QuarantineConfig:
     """``[quarantine]``: the lemon-detection and release policy."""
 
-    strike_window_s: float = 86_400.0  # soft strikes older than this do not count
-    suspect_after: int = 2  # soft strikes within the window that make a node suspect
-    quarantine_after: int = 3  # soft strikes within the window that quarantine it
-    min_quarantine_s: float = 300.0  # a health check releases a node to probation only after this long
-    probation_s: float = 3_600.0  # strike-free time on probation before a node is healthy again
+    strike_window_s: float = 86_400.0
+    """Soft strikes older than this many seconds do not count."""
+    suspect_after: int = 2
+    """Soft strikes within the window that make a node suspect."""
+    quarantine_after: int = 3
+    """Soft strikes within the window that quarantine it (drain, tagged ``slurm-ft:``)."""
+    min_quarantine_s: float = 300.0
+    """A passing health check releases a quarantined node to probation only after this many seconds."""
+    probation_s: float = 3_600.0
+    """Strike-free seconds on probation before a node is healthy again."""
     hardware_categories: tuple[str, ...] = (Category.HARDWARE_GPU.value, Category.HARDWARE_NODE.value)
+    """Categories whose node-attested evidence quarantines a node at once (one strike is enough)."""
     soft_categories: tuple[str, ...] = (Category.NETWORK.value, Category.HANG.value, Category.UNKNOWN.value)
-    reason_max_chars: int = 200  # drain reasons are cut to this length
-    slurm_user: str = ""  # who besides root may change quarantine; empty: ask `scontrol show config`
+    """Categories that give a soft strike: a node is quarantined only after ``quarantine_after`` of them."""
+    reason_max_chars: int = 200
+    """Drain reasons are cut to this length."""
+    slurm_user: str = ""
+    """Who besides root may change the quarantine; empty: the SlurmUser from ``scontrol show config``."""
 
     def __post_init__(self) -> None:
         for name in ("strike_window_s", "min_quarantine_s", "probation_s"):

@@ -30,22 +30,28 @@ _NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class HealthConfig:
-    """``[health]``: what a healthy GPU node looks like.
+    """``[health]``: what a healthy GPU node looks like (the prolog's gate and the epilog's findings)."""
 
-    ``test_mode`` / ``test_nvml_snapshot_dir`` are TEST-ONLY: with both set, a file ``<dir>/<node>.json``
-    (an ``NvmlSnapshot`` dict) replaces the real NVML probe on that node. The lab cluster uses it to mark a
-    node bad without a GPU; never set them on a production cluster.
-    """
-
-    expected_gpus: int | None = None  # GPUs every node must show; None: do not check the count
-    expected_gpus_by_node: Mapping[str, int] = dataclasses.field(default_factory=dict)  # exact node names
+    expected_gpus: int | None = None
+    """GPUs every node must show; unset: the count is not checked."""
+    expected_gpus_by_node: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Per-node GPU counts by exact node name; they win over ``expected_gpus``."""
     max_temperature_c: int = 95
-    nvlinks_per_gpu: int | None = None  # active links each GPU must have; None: only partial outages count
-    nvlink_error_limit: int | None = None  # summed link error counters above this fail; None: not judged
-    drain_xids: tuple[int, ...] | None = None  # Xids that fail the gate; None: the classifier's Xid table
-    xid_wait_ms: int = 0  # how long the probe waits on its NVML event set for Xids
-    test_mode: bool = False  # TEST-ONLY
-    test_nvml_snapshot_dir: str = ""  # TEST-ONLY, needs test_mode = true
+    """A GPU at or above this temperature fails the gate; within (0, 150)."""
+    nvlinks_per_gpu: int | None = None
+    """Active NVLinks each GPU must have; unset: only a partial outage (some links down) counts."""
+    nvlink_error_limit: int | None = None
+    """Summed NVLink error counters above this fail the gate; unset: not judged."""
+    drain_xids: tuple[int, ...] | None = None
+    """Xids that fail the gate; unset: the classifier's Xid table (``rules.toml`` ``[xid]``), with a built-in fallback
+    list if it cannot be loaded."""
+    xid_wait_ms: int = 0
+    """How long the NVML probe waits on its event set for Xids."""
+    test_mode: bool = False
+    """TEST-ONLY: allows ``test_nvml_snapshot_dir``; never set it on a production cluster."""
+    test_nvml_snapshot_dir: str = ""
+    """TEST-ONLY (needs ``test_mode``): a file ``<dir>/<node>.json`` (an ``NvmlSnapshot``) replaces the real NVML probe
+    on that node; the lab marks nodes bad with it."""
 
     def __post_init__(self) -> None:
         _non_negative("expected_gpus", self.expected_gpus)

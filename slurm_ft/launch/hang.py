@@ -124,9 +124,10 @@ def _pyspy_dump(pyspy: str, pid: int, dest: Path) -> None:
 # --- in the launcher --------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class HangEvidenceConfig:
-    """``timeout_s``: how long the per-node helpers may take before the launcher kills the attempt anyway."""
+    """Gathering a hung attempt's evidence on its nodes before the kill."""
 
     timeout_s: float = 15.0
+    """How long the per-node helpers may take before the launcher kills the attempt anyway."""
 
     def __post_init__(self) -> None:
         if not 0 < self.timeout_s <= 300:

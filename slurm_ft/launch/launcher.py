@@ -101,38 +101,46 @@ class Outcome(str, enum.Enum):
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchConfig:
-    """``command`` (after ``--``), ``nodes`` (--nodes; default: allocation minus spares), ``ntasks_per_node``,
-    ``hang_timeout_s`` (--hang-timeout, 0 = off), ``startup_grace_s``, ``max_restarts`` (--max-restarts: the job's
-    restart budget, in place and requeues together: slurm_ft.core.budget), ``spare_nodes`` (--spare-nodes), ``run_dir``,
-    ``poll_s`` (a rank's bad end rings the launcher awake sooner: ``slurm_ft.launch.bell``), ``kill_grace_s``,
-    ``evidence_wait_s`` (a rank wrote its error file or ended badly: how long the launcher then waits at most for
-    the rest of the evidence before it ends the step; it goes on at once when every rank with an error file has
-    its end record too. The culprit's own record comes first, later ones are the ranks it took down, and the ranks
-    still running wait in a collective they cannot leave), ``error_grace_s`` (how long srun may then take to exit
-    after its SIGTERM before SIGKILL),
-    ``probe_timeout_s`` (--probe-timeout, 0 = no probe), ``node_fail_wait_s`` (--node-fail-wait), ``rank_records``
-    (--no-rank-records turns off the per-rank wrapper, ``slurm_ft.launch.rank``), ``standby`` (warm standby ranks
-    for restarts, ``slurm_ft.launch.standby``; the CLI turns it on unless --no-standby), ``launcher_store`` (restarts
-    rendezvous at a store held open on the launcher's node, ``slurm_ft.launch.store``; off with
-    --no-launcher-store)."""
+    """``slurm-ft launch``: what to run, how to watch it, and how to restart it."""
 
     command: tuple[str, ...]
+    """The training command (after ``--``)."""
     nodes: int | None = None
+    """Nodes per attempt (``--nodes``); unset: the allocation minus the spares."""
     ntasks_per_node: int = 1
+    """Ranks per node (``--ntasks-per-node``)."""
     hang_timeout_s: float = 300.0
+    """Seconds without heartbeat progress that make a hang (``--hang-timeout``, ``--ft-hang-timeout``); 0 turns the hang
+    watch off."""
     startup_grace_s: float = 60.0
+    """Seconds after an attempt starts before hang checks begin (``--startup-grace``)."""
     max_restarts: int = 3
+    """The job's restart budget: in-place restarts and requeues together (``--max-restarts``, ``--ft-max-restarts``)."""
     spare_nodes: int = 0
+    """Allocation nodes held back to replace a bad one (``--spare-nodes``, ``--ft-spare-nodes``)."""
     run_dir: Path = Path(".slurm-ft")
+    """Heartbeats, error files and events (``--run-dir``; default ``$SLURM_FT_RUN_DIR`` or ``<ckpt_dir>/.slurm-ft``)."""
     poll_s: float = 1.0
+    """Seconds between two looks at the ranks; a rank's bad end rings the launcher awake sooner (the fault bell)."""
     kill_grace_s: float = 10.0
+    """Seconds srun gets after SIGTERM to end a hung or failed attempt before SIGKILL."""
     evidence_wait_s: float = 1.0
+    """After a rank wrote its error file or ended badly: the most the launcher waits for the rest of the evidence before
+    it ends the step (at once when every rank with an error file has its end record too)."""
     error_grace_s: float = 3.0
+    """How long srun may take to exit after its SIGTERM, once evidence is in, before SIGKILL."""
     probe_timeout_s: float = 10.0
+    """Seconds a node may take to run a one-task probe step after a failure (``--probe-timeout``); 0: no probe."""
     node_fail_wait_s: float = 60.0
+    """Seconds to wait for Slurm to declare a bad node before exiting 75 for the monitor (``--node-fail-wait``)."""
     rank_records: bool = True
+    """Run each rank under the wrapper that records how it ended (``--no-rank-records`` turns it off)."""
     standby: bool = False
+    """Restart ranks from warm standby processes that imported torch while the first attempt trained (the CLI turns it
+    on unless ``--no-standby``)."""
     launcher_store: bool = False
+    """Restarts rendezvous at a store held open on the launcher's node (the CLI turns it on unless
+    ``--no-launcher-store``)."""
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")

@@ -37,11 +37,13 @@ SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PreemptConfig:
-    """``deadline_s`` (--preempt-deadline): how long the ranks may take to save and exit after the signal;
-    ``kill_wait_s``: Slurm's KillWait when known (caps the wait on SIGTERM)."""
+    """The launcher's answer to SIGUSR1 (save and requeue) and SIGTERM (save and end)."""
 
     deadline_s: float = DEFAULT_DEADLINE_S
+    """How long the ranks may take to save and exit after the signal (``--preempt-deadline``,
+    ``$SLURM_FT_PREEMPT_DEADLINE``)."""
     kill_wait_s: float | None = None
+    """Slurm's KillWait when known: caps the wait on SIGTERM (at most KillWait - 5 s)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.deadline_s, (int, float)) and self.deadline_s > 0, "deadline_s",

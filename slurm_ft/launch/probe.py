@@ -21,10 +21,12 @@ from slurm_ft.core.config import require
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeConfig:
-    """``timeout_s`` (--probe-timeout, 0 = no probe): how long a node may take to run one ``true`` step."""
+    """The probe step run on the nodes after a failed attempt."""
 
     timeout_s: float = 10.0
+    """How long a node may take to run one ``true`` step (``--probe-timeout``); 0: no probe."""
     poll_s: float = 0.05
+    """Seconds between two looks at the probe steps."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.timeout_s, (int, float)) and 0 <= self.timeout_s <= 600, "timeout_s",

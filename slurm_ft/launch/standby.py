@@ -240,17 +240,17 @@ def refusal(request: Request | str, fds: Sequence[int], now: float) -> str:
 # --- the standby's side: a keeper (no torch) and its spare (a fresh interpreter that imported it) ---------------
 @dataclasses.dataclass(frozen=True, slots=True)
 class StandbyConfig:
-    """The keeper's settings."""
+    """One warm standby keeper: its slot's socket and the spare it keeps."""
 
     python: str
-    """The interpreter path the launcher started us with: requests must name the same; spares run it."""
+    """The interpreter path the launcher started it with: requests must name the same, spares run it."""
     listen: bytes
-    """Our socket address (``address``)."""
+    """The keeper's socket address (``address``: the launcher's key, the node, the slot)."""
     preload: tuple[str, ...] = PRELOAD
-    """Modules a spare imports before waiting."""
+    """Modules a spare imports before it waits."""
     refill_after_s: float = REFILL_AFTER_S
-    """How long a rank runs before its keeper starts the next spare (sooner, the spare's imports would compete with
-    the restarted ranks' own start; a rank that ends sooner gets its successor at once)."""
+    """How long a rank runs before its keeper starts the next spare (sooner, the spare's imports would compete with the
+    restarted ranks' own start; a rank that ends sooner gets its successor at once)."""
 
     def __post_init__(self) -> None:
         if not self.refill_after_s >= 0:

@@ -91,41 +91,43 @@ def _auto_interval_defaults() -> AdaptiveIntervalConfig:
 
 @dataclasses.dataclass(slots=True, kw_only=True)
 class CheckpointConfig:
-    """Where and how often to checkpoint.
-
-    every: save every N steps, or ``"auto"``: a Young/Daly interval in seconds from the measured save cost and
-    the observed failure rate (--ft-ckpt-every / SLURM_FT_CKPT_EVERY); auto_interval: the estimator's settings
-    in auto mode (``prior_mtbf_s`` default 6 h; ``min_interval_s`` default 10 s: the first save of a run comes
-    after that much training, so its cost is measured early); keep_last: newest committed checkpoints
-    kept; keep_every: also keep every step divisible by it (0 = off); async_save: stage on the loop, write in
-    the background; emergency_deadline_s: from a SIGUSR1/SIGTERM to the end of the emergency save (past it the
-    process exits with 128+signal; keep it below Slurm's KillWait for SIGTERM, below N of --signal=B:USR1@N
-    minus the step time for USR1); verify: each file's digest (CRC-32) at load (False: sizes only);
-    write_threads: DCP writer threads per rank; reuse_staging_buffers: keep the host staging copy between
-    async saves (faster stalls, one state's worth of host memory); collective_timeout_s: timeout of the
-    manager's gloo groups (a dead peer fails a save instead of hanging it); agree_every_s: training seconds
-    between two agreements on emergency signals and due saves (0: every step; at most a quarter of
-    emergency_deadline_s); a signal is acted on up to this much plus one step later (at the recent step time),
-    an auto save is not agreed later than due; run_id: the run identity that
-    owns the dir (None: from the environment, ``SLURM_FT_RUN_ID`` else ``SLURM_JOB_ID``, which a requeued job
-    keeps; neither set: no identity, no ownership check); adopt: take over a dir another run owns, e.g. to
-    fine-tune from its checkpoint (SLURM_FT_CKPT_ADOPT=1; without it such a dir is refused).
-    """
+    """Where and how often to checkpoint (``CheckpointConfig.from_env()`` reads the ``--ft-*`` settings)."""
 
     dir: str
+    """The checkpoint directory (``--ft-ckpt-dir`` / ``SLURM_FT_CKPT_DIR``): on the shared filesystem, one per run."""
     every: int | str = 100
+    """Save every N steps, or ``"auto"``: a Young/Daly interval in seconds from the measured save cost and the observed
+    failure rate (``--ft-ckpt-every`` / ``SLURM_FT_CKPT_EVERY``)."""
     auto_interval: AdaptiveIntervalConfig = dataclasses.field(default_factory=_auto_interval_defaults)
+    """The estimator's settings in auto mode (``prior_mtbf_s`` default 6 h; ``min_interval_s`` default 10 s: the first
+    save of a run comes after that much training, so its cost is measured early)."""
     keep_last: int = 3
+    """Newest committed checkpoints kept."""
     keep_every: int = 0
+    """Also keep every step divisible by this (0: off)."""
     async_save: bool = True
+    """Stage on the training loop, write in the background."""
     emergency_deadline_s: float = EMERGENCY_DEADLINE_S
+    """From a SIGUSR1/SIGTERM to the end of the emergency save; past it the process exits with 128+signal. Keep it below
+    Slurm's KillWait for SIGTERM, and below N of ``--signal=B:USR1@N`` minus the step time for SIGUSR1."""
     verify: bool = True
+    """Check each file's digest (CRC-32) at load; False checks sizes only."""
     write_threads: int = 2
+    """DCP writer threads per rank."""
     reuse_staging_buffers: bool = True
+    """Keep the host staging copy between async saves (shorter stalls, one state's worth of host memory)."""
     collective_timeout_s: float = 600.0
+    """Timeout of the manager's gloo groups: a dead peer fails a save instead of hanging it."""
     agree_every_s: float = AGREE_EVERY_S
+    """Training seconds between two agreements on emergency signals and due saves (0: every step; at most a quarter of
+    ``emergency_deadline_s``). A signal is acted on up to this much plus one step later; an auto save is not agreed
+    later than due."""
     run_id: str | None = None
+    """The run identity that owns the dir; unset: ``SLURM_FT_RUN_ID``, else ``SLURM_JOB_ID`` (which a requeued job
+    keeps); neither set: no identity, no ownership check."""
     adopt: bool = False
+    """Take over a dir another run owns, e.g. to fine-tune from its checkpoint (``SLURM_FT_CKPT_ADOPT=1``); without it
+    such a dir is refused."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.dir, (str, os.PathLike)) and str(self.dir) != "", "dir",

@@ -57,17 +57,21 @@ def _finite(value: Any) -> bool:
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class AdaptiveIntervalConfig:
-    """``prior_mtbf_s``: MTBF assumed before any failure is seen, worth ``prior_weight`` failures of evidence.
-    ``initial_cost_s``: checkpoint cost assumed before the first save is measured. ``smoothing``: EWMA weight of
-    the newest measured cost and write time. ``min_interval_s``/``max_interval_s``: bounds on the chosen interval
-    (it is also never shorter than one background write, so at most one save is in flight)."""
+    """The Young/Daly interval estimator of ``--ft-ckpt-every=auto``."""
 
     prior_mtbf_s: float = 6 * 3600.0
+    """MTBF assumed before any failure is seen."""
     prior_weight: float = 1.0
+    """How many failures of evidence the prior MTBF is worth."""
     initial_cost_s: float = 5.0
+    """Checkpoint cost assumed before the first save is measured."""
     smoothing: float = 0.3
+    """EWMA weight of the newest measured cost and write time."""
     min_interval_s: float = 30.0
+    """Lower bound on the chosen interval."""
     max_interval_s: float = 6 * 3600.0
+    """Upper bound on the chosen interval (it is also never shorter than one background write, so at most one save is in
+    flight)."""
 
     def __post_init__(self) -> None:
         for name in ("prior_mtbf_s", "prior_weight", "initial_cost_s", "min_interval_s", "max_interval_s"):

@@ -11,11 +11,12 @@ import pytest
 
 from slurm_ft.cluster.hooks import Deps, JobContext, bounded, run_hook
 from slurm_ft.cluster.quarantine import NodeState, Quarantine, QuarantineStore
+from slurm_ft.core.config import SiteConfig
 from slurm_ft.core.rundir import ErrorRecord, write_error
 from slurm_ft.health.kmsg import TextLines
 from slurm_ft.health.nvml import NvmlProbe
 from slurm_ft.health.nvml_fake import FakeNvml
-from slurm_ft.health.records import NodeReport
+from slurm_ft.health.records import NodeReport, XidEvent
 from slurm_ft.slurm.types import NodeInfo
 
 DATA = Path(__file__).parent.parent.parent / "data" / "nvml"
@@ -341,3 +342,18 @@ def test_a_checkpoint_dir_that_is_no_utf8_does_not_stop_the_epilog_from_quaranti
     assert lab.quarantine().state("n1") is NodeState.QUARANTINED
     logged = (lab.state / "log" / "hooks.log").read_text()
     assert "internal error" not in logged and "Xid 79" in logged
+
+
+def test_the_hooks_judge_xids_by_the_classifiers_table_not_the_fallback_list():
+    from slurm_ft.cluster import hooks
+    from slurm_ft.health.checks import FALLBACK_DRAIN_XIDS
+
+    table_only = XidEvent(node="n1", xid=109, gpu_index=0, text="Ctx switch timeout")  # drain in rules.toml
+    recovery = ("NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 "
+                "(GPU Reset Required)")
+    assert 109 not in FALLBACK_DRAIN_XIDS and hooks.drains(table_only)
+    assert hooks.drains(XidEvent(node="n1", xid=154, pci_bus="0000:3b:00", text=recovery, source="kmsg"))
+    assert not hooks.drains(XidEvent(node="n1", xid=13, gpu_index=0, text="Graphics Exception"))
+    settings = hooks.Settings.load(SiteConfig(sections={}, source="test"))
+    found = hooks.judge_epilog(NodeReport(job_id=1, node="n1", time=0.0, kmsg_xids=(table_only,)), settings)
+    assert [f.check for f in found] == ["xid"]

@@ -28,7 +28,7 @@ and a short root cause paragraph in the job's output.
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
 ``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``verdict``, ``first_step``,
-``standby_start``, ``standby_off``, ``comment_error``, ``exit``.
+``standby_start``, ``standby_off``, ``launcher_store_off``, ``comment_error``, ``exit``.
 """
 
 from __future__ import annotations
@@ -351,6 +351,7 @@ class AttemptResult:
     hang: tuple[RankState, ...] = ()  # a hung attempt's ranks as their nodes saw them before the kill
     trained: bool = False  # a rank of the attempt reached a step (a heartbeat)
     warm: bool = False  # the attempt's ranks were to start from standbys (SLURM_FT_STANDBY in its environment)
+    held_store: bool = False  # the attempt's ranks were to rendezvous at the launcher's store
 
 
 class Launcher:
@@ -435,6 +436,8 @@ class Launcher:
             self._failure = (Category.HANG if result.outcome is Outcome.HUNG else Category.UNKNOWN).value
             if result.outcome is Outcome.HUNG and result.warm and not result.trained:
                 self._turn_standby_off()
+            if result.outcome is Outcome.HUNG and result.held_store and not result.trained:
+                self._turn_store_off()
             sick = self._sick(chosen)
             verdict = self._judge(result, sick)
             if sick:
@@ -587,7 +590,7 @@ class Launcher:
                 self._kill(proc)
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
                                      hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged,
-                                     warm=ft_env.STANDBY in env)
+                                     warm=ft_env.STANDBY in env, held_store=env.get(AGENT_STORE_ENV) == "True")
             complete = self._failure_evidence()
             failed_since = failed_since or (now if complete is not None else None)
             if failed_since is not None and (complete or now - failed_since >= cfg.evidence_wait_s):
@@ -641,6 +644,15 @@ class Launcher:
         self._standby_off = True
         self._event("standby_off", attempt=self.attempts, why="a warm attempt hung before its first step")
         self._stop_standby()
+
+    def _turn_store_off(self) -> None:
+        """A circuit breaker: an attempt at the launcher's store hung before any rank's first step. The store admits
+        only the allocation's nodes (``slurm_ft.launch.store``); ranks that reach it from an address their node's
+        name does not resolve to are dropped and wait in their connect. From now on rank 0 hosts the store."""
+        self._event("launcher_store_off", attempt=self.attempts,
+                    why="an attempt at the launcher's store hung before its first step")
+        self.store.close()
+        self.store = None
 
     def _standby_ready(self) -> bool:
         return any(proc.poll() is None for _, proc in self._standbys)

@@ -20,7 +20,9 @@ narrows it where it can: the store listens on ``ADDR`` alone, the launcher node'
 on every interface (a socket bound here, handed to torch as ``master_listen_fd``), and that socket carries a
 classic BPF filter that drops every connection whose source is not an address of one of the allocation's nodes
 (``peer_filter``; the kernel drops the SYN, torch never sees it). Where that cannot be checked (a node name that
-does not resolve, more addresses than a filter holds) the store takes any peer, as torch's does. Processes of
+does not resolve, more addresses than a filter holds) the store takes any peer, as torch's does. Ranks that come
+from an address their node's name does not resolve to wait in their connect: the launcher sees that attempt hang
+before its first step and lets rank 0 host the store from then on (``launcher_store_off``). Processes of
 other users on the allocation's own nodes, and anyone who can send from those addresses, still reach it: only
 exclusive nodes and an isolated job network close that (README, "Trust model").
 

@@ -891,6 +891,24 @@ def test_a_warm_attempt_hung_before_its_first_step_turns_standbys_off_for_the_jo
     assert kinds[kinds.index("standby_off") - 1] == "fault_detected"  # decided as the hang was seen
 
 
+def test_an_attempt_hung_at_the_launchers_store_before_its_first_step_hands_the_store_back_to_rank_0(tmp_path):
+    """The store's peer filter drops ranks that come from an address their node's name does not resolve to
+    (asymmetric routing): they wait in connect. The next attempts rendezvous at rank 0, as torch does."""
+    run = tmp_path / "run"
+    store = Store()
+    hung = Silent(run)
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1, steps=3), hung, Script(run)], max_restarts=2,
+                               hang_timeout_s=10.0, grace=5.0)
+    launcher.store = store
+    assert launcher.run() == 0
+    _, at_store, after = (env for _, env in runner.calls)
+    assert at_store["MASTER_ADDR"] == "10.0.0.9" and "TORCHELASTIC_USE_AGENT_STORE" not in after
+    assert hung.killed and store.closed
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert kinds.count("launcher_store_off") == 1
+    assert [e["store"] for e in events(tmp_path) if e["event"] == "attempt_start"] == ["rank 0", "launcher", "rank 0"]
+
+
 def test_a_cold_attempt_hung_before_its_first_step_leaves_standbys_on(tmp_path):
     run = tmp_path / "run"
     config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,

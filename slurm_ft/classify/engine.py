@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from slurm_ft.classify import metrics
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
 from slurm_ft.classify.rules import Rule, Rules, default_rules
-from slurm_ft.classify.scan import LineHit
+from slurm_ft.classify.scan import LineHit, lower_same_length
 from slurm_ft.classify.xid import XidKind
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 from slurm_ft.core.taxonomy import Action, Category, Culprit, Verdict
@@ -379,7 +379,7 @@ def _error_findings(record: ErrorRecord, rules: Rules, scan) -> list[Finding]:
     frame = last_user_frame(record.traceback)
     if frame:
         label += f" at {frame}"
-    hits = scan(rules, "error", text)
+    hits = _within(scan(rules, "error", text), text)
     found = list(_hit_findings(hits, rules, label, "error", rank=rank, node=record.host, time=record.time,
                                limit=rules.limits.max_findings_per_text, first_line_is_type=True))
     if not any(not f.rule.generic for f in found):
@@ -413,7 +413,7 @@ def last_user_frame(traceback_text: str) -> str:
 def _log_findings(tail: LogTail, ctx: _Context, rules: Rules, xids: list[XidEvent], scan,
                   label: str | None = None) -> list[Finding]:
     text = tail.text[-rules.limits.max_tail_chars:]
-    hits = scan(rules, tail.kind, text)
+    hits = _within(scan(rules, tail.kind, text), text)
     node = tail.node_name
     if tail.kind == "kmsg":
         xids += [XidEvent(node=node, xid=h.xid[1], pci_bus=h.xid[0], text=h.line.strip(), source="kmsg")
@@ -468,6 +468,17 @@ def _metric_findings(text: str, label: str, *, rank: int | None, node: str) -> l
                     node=node, rank=rank)]
 
 
+def _within(hits: list[LineHit], text: str) -> list[LineHit]:
+    """``hits`` without the signatures whose ``within`` literals are not all somewhere in ``text`` (a line that
+    means one thing only in a given context: a C++ error raised while torch builds a process group)."""
+    if not any(sig.within for hit in hits for sig, _ in hit.signatures):
+        return hits
+    low = lower_same_length(text)
+    return [dataclasses.replace(hit, signatures=tuple((sig, m) for sig, m in hit.signatures
+                                                      if all(w in low for w in sig.within)))
+            for hit in hits]
+
+
 def _hit_findings(hits: list[LineHit], rules: Rules, label: str, kind: str, *, rank: int | None, node: str,
                   time: float | None, limit: int, per_line: bool = False,
                   first_line_is_type: bool = False) -> Iterator[Finding]:
@@ -486,7 +497,9 @@ def _hit_findings(hits: list[LineHit], rules: Rules, label: str, kind: str, *, r
             groups = match.groupdict()
             sig_rank = _int_or(groups.get("rank"), line_rank)
             found_node = groups.get("node") or node
-            yield Finding(sig.rule, f"{label}: {_clip(hit.line)}", kind, node=found_node, rank=sig_rank, time=time)
+            note = f" ({sig.rule.note})" if sig.rule.note else ""
+            yield Finding(sig.rule, f"{label}: {_clip(hit.line)}{note}", kind, node=found_node, rank=sig_rank,
+                          time=time)
             emitted += 1
         if not chosen and hit.exception is not None and not (first_line_is_type and hit.pos == 0):
             rule = rules.exception(hit.exception["exc"])

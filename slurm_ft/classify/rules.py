@@ -77,6 +77,7 @@ class Signature:
     regex: re.Pattern[str]
     keywords: tuple[str, ...]
     require: tuple[str, ...] = ()
+    within: tuple[str, ...] = ()  # lower-case literals the whole text (an error file, a log tail) must contain
     sources: frozenset[str] = frozenset(DEFAULT_SOURCES)
 
 
@@ -282,7 +283,7 @@ _RULE_KEYS = {"category": str, "priority": int, "confidence": (int, float), "sec
 _SIGNAL_KEYS = _RULE_KEYS
 _STATE_KEYS = {**_RULE_KEYS, "final": bool}
 _SIGNATURE_KEYS = {**_RULE_KEYS, "id": str, "pattern": str, "keyword": (str, list), "require": (str, list),
-                   "sources": list, "ignore_case": bool}
+                   "within": (str, list), "sources": list, "ignore_case": bool}
 
 
 def _check_keys(src: str, where: str, data: Mapping[str, Any], schema: Mapping[str, Any],
@@ -411,7 +412,8 @@ def _signature(src: str, data: Mapping[str, Any]) -> Signature:
             raise ConfigError(f"{src}: [{where}] pattern: named group {group!r} (only 'node' and 'rank' are known)")
     rule = _rule(src, where, {k: v for k, v in data.items() if k in _RULE_KEYS}, _RULE_KEYS, rule_id=sig_id)
     return Signature(rule=rule, pattern=data["pattern"], regex=regex, keywords=keywords,
-                     require=_literals(src, where, "require", data.get("require", [])), sources=frozenset(sources))
+                     require=_literals(src, where, "require", data.get("require", [])),
+                     within=_literals(src, where, "within", data.get("within", [])), sources=frozenset(sources))
 
 
 def _literals(src: str, where: str, key: str, value: Any) -> tuple[str, ...]:

@@ -60,7 +60,7 @@ def line_for(record: dict[str, Any]) -> str:
 
 def _append(path: str, text: str, *, create: bool) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, 0o644)
+    fd = os.open(path, flags, 0o600)  # events.jsonl, when it has to be created: private, as the launcher makes it
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path}: not a regular file")

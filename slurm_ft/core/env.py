@@ -48,6 +48,7 @@ TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML recor
 SLURM_JOB_ID = "SLURM_JOB_ID"              # Slurm's job id: a requeued job keeps it (the default run identity)
 STANDBY = "SLURM_FT_STANDBY"               # set by the launcher: the ranks' interpreter, whose warm standby may run them
 STANDBY_PRELOAD = "SLURM_FT_STANDBY_PRELOAD"  # extra modules the warm standby ranks import (comma separated)
+STANDBY_KEY = "SLURM_FT_STANDBY_KEY"       # set by the launcher for its own steps: the random part of the standby names
 
 
 def job_setting(name: str, environ: Mapping[str, str] | None = None) -> str | None:

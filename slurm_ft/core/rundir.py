@@ -22,8 +22,10 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
   ``slurm-ft report``.
 
 The rule: every file here is written by the job's own processes (or as the job's user), so root reads it only
-through ``slurm_ft.health.jobfiles``; a file is written whole (``write_json_atomic``) or appended a line at a time,
-and a reader skips what it cannot parse (a torn last line, a record of the wrong shape).
+through ``slurm_ft.health.jobfiles``; everything is created private to that user (``PRIVATE_DIR``, ``PRIVATE_FILE``:
+``make_run_dir``, ``append_line``, ``write_json_atomic``; a run dir that exists keeps its mode: the user may share
+it); a file is written whole (``write_json_atomic``) or appended a line at a time, and a reader skips what it
+cannot parse (a torn last line, a record of the wrong shape).
 
 The heartbeat's ``step`` and ``time`` are progress (written by the training loop); ``alive`` is liveness (rewritten
 by a thread every ``HeartbeatWriter.liveness_s`` whatever the loop does): a rank whose ``alive`` stops is stuck
@@ -53,6 +55,8 @@ RECLAIM_GLOB = "reclaim.*.json"
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
 EVENTS_FILE = "events.jsonl"
+PRIVATE_DIR = 0o700  # the run dir and its folders: the job's user's alone (root reads it anyway)
+PRIVATE_FILE = 0o600  # every file in it (events.jsonl names the store's port, end records hold stderr)
 STACK_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler writes its stacks on it (sent only to ranks announcing it)
 
 
@@ -190,11 +194,31 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def make_run_dir(path: str | os.PathLike[str]) -> Path:
+    """Create the run dir (or a folder in it) private to the job's user (``PRIVATE_DIR``) unless it exists; the
+    folders above it are made as the user's umask says (the checkpoint dir is the user's to share)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    return path
+
+
+def open_private(path: str | os.PathLike[str], flags: int) -> int:
+    """``os.open`` for a run-dir file: created ``PRIVATE_FILE``, never through a symlink."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, PRIVATE_FILE)
+
+
+def append_line(path: str | os.PathLike[str], line: str) -> None:
+    """Append one line (``line`` without its newline) to a run-dir file, creating it private."""
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    with os.fdopen(fd, "a") as fh:
+        fh.write(line + "\n")
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` via a temp file and rename (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``payload`` to ``path`` via a temp file and rename (readers never see half a file); private."""
+    make_run_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writing thread
-    with open(tmp, "w") as fh:
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as fh:
         json.dump(payload, fh)
     os.replace(tmp, path)
 

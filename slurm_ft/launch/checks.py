@@ -20,7 +20,7 @@ from pathlib import Path
 from slurm_ft.core import comment as job_comment
 from slurm_ft.core import env as ft_env
 from slurm_ft.core.errors import ConfigError, SlurmFtError
-from slurm_ft.core.rundir import EVENTS_FILE, RUN_SUBDIR
+from slurm_ft.core.rundir import EVENTS_FILE, PRIVATE_DIR, RUN_SUBDIR, append_line, make_run_dir
 from slurm_ft.launch.rank_env import check_torchrun, is_torchrun
 
 EX_CONFIG = 2
@@ -40,10 +40,11 @@ def check_nodes(allocation: Sequence[str], *, nodes: int | None, spare_nodes: in
     return have - spare_nodes
 
 
-def check_writable(path: Path, what: str) -> None:
-    """``path`` exists or can be made, and a file can be written in it (then removed)."""
+def check_writable(path: Path, what: str, *, mode: int = 0o777) -> None:
+    """``path`` exists or can be made (with ``mode``, less the umask), and a file can be written in it (then
+    removed)."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=mode)
         probe = path / f".slurm-ft-write-test.{os.getpid()}"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         os.close(fd)
@@ -66,7 +67,7 @@ def preflight(command: Sequence[str], *, allocation: Sequence[str], nodes: int |
     elif ft_env.job_setting(ft_env.ENABLED, environ) and not ft_env.job_setting(ft_env.RUN_DIR, environ):
         raise ConfigError("launch: --ft without a checkpoint directory: submit with --ft-ckpt-dir=/shared/path "
                           "(or set SLURM_FT_CKPT_DIR): where checkpoints, heartbeats and error files go")
-    check_writable(run_dir, "run dir")
+    check_writable(run_dir, "run dir", mode=PRIVATE_DIR)  # the job's user's alone
 
 
 def refuse(message: str, *, set_comment: Callable[[str], None], environ: Mapping[str, str]) -> int:
@@ -84,9 +85,7 @@ def refuse(message: str, *, set_comment: Callable[[str], None], environ: Mapping
         record = {"event": "exit", "time": round(time.time(), 3), "code": EX_CONFIG, "why": message,
                   "cause": "config", "attempts": 0}
         try:
-            target.mkdir(parents=True, exist_ok=True)
-            with open(target / EVENTS_FILE, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            append_line(make_run_dir(target) / EVENTS_FILE, json.dumps(record))
         except OSError as exc:  # the run dir itself may be what is unusable; stderr and the Comment carry it
             print(f"slurm-ft: not recorded in {target / EVENTS_FILE}: {exc.strerror}", file=sys.stderr, flush=True)
     return EX_CONFIG

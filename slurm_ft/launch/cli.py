@@ -222,12 +222,14 @@ def bell_for(environ: Mapping[str, str]) -> Waker | None:
 def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str]) -> StoreHost | None:
     """The keeper of the restarts' rendezvous stores (``slurm_ft.launch.store``), or None where rank 0 keeps hosting
     them: turned off, a torchrun command (its agent holds its own store), a ``$MASTER_ADDR`` of the user's, or a
-    launcher outside the allocation's nodes (the ranks may not reach it)."""
+    launcher outside the allocation's nodes (the ranks may not reach it). It admits only the allocation's nodes."""
     node = environ.get("SLURMD_NODENAME", "")
     if (not config.launcher_store or is_torchrun(config.command) or environ.get("MASTER_ADDR")
             or node not in allocation):
         return None
-    return StoreKeeper(command_python(config.command) or sys.executable, master_addr(node, environ), environ=environ)
+    peers = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ",".join(allocation)
+    return StoreKeeper(command_python(config.command) or sys.executable, master_addr(node, environ), peers=peers,
+                       environ=environ)
 
 
 def _job_comment(client: Any, job_id: str) -> str:

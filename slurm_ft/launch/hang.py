@@ -113,7 +113,12 @@ def _pyspy_dump(pyspy: str, pid: int, dest: Path) -> None:
     except (OSError, subprocess.TimeoutExpired):
         return
     if done.returncode == 0 and done.stdout.strip():
-        dest.write_text(f"# py-spy dump --nonblocking --pid {pid}\n{done.stdout}")
+        try:
+            fd = records.open_private(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        except OSError:
+            return
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"# py-spy dump --nonblocking --pid {pid}\n{done.stdout}")
 
 
 # --- in the launcher --------------------------------------------------------------------------------------------

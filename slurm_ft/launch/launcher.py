@@ -31,8 +31,8 @@ and a short root cause paragraph in the job's output.
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
 ``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``gpu_reclaim``, ``verdict``,
-``first_step``, ``standby_start``, ``standby_off``, ``comment_error``, ``exit``. Each rank gets its own GPUs and
-NCCL's fault settings (``slurm_ft.launch.rank_env``).
+``first_step``, ``standby_start``, ``standby_off``, ``launcher_store_off``, ``comment_error``, ``exit``. Each rank
+gets its own GPUs and NCCL's fault settings (``slurm_ft.launch.rank_env``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import enum
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -68,6 +69,8 @@ from slurm_ft.core.rundir import (
     RECLAIM_GLOB,
     STACK_GLOB,
     RankState,
+    append_line,
+    make_run_dir,
     read_ends,
     read_errors,
     read_heartbeats,
@@ -213,7 +216,8 @@ class StoreHost(Protocol):
 class Waker(Protocol):
     """The launcher's fault bell (``slurm_ft.launch.bell.Bell``): a rank's wrapper rings it when the rank ends badly."""
 
-    address: str
+    def arm(self) -> str:
+        """A fresh token for the next attempt: the value of its ``$SLURM_FT_BELL``."""
 
     def wait(self, seconds: float) -> bool: ...
 
@@ -378,6 +382,7 @@ class AttemptResult:
     hang: tuple[RankState, ...] = ()  # a hung attempt's ranks as their nodes saw them before the kill
     trained: bool = False  # a rank of the attempt reached a step (a heartbeat)
     warm: bool = False  # the attempt's ranks were to start from standbys (SLURM_FT_STANDBY in its environment)
+    held_store: bool = False  # the attempt's ranks were to rendezvous at the launcher's store
 
 
 class Launcher:
@@ -424,6 +429,8 @@ class Launcher:
         self._standbys: list[tuple[frozenset[str], Process]] = []  # steps of warm standby ranks, by their nodes
         self._bad: set[str] = set()  # nodes of the allocation found unhealthy: no attempt, no standby on them
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
+        # the random part of the standbys' socket names, for our own steps only: nobody can bind them first
+        self._standby_key = secrets.token_hex(16)
 
     def run(self) -> int:
         try:
@@ -462,6 +469,8 @@ class Launcher:
             self._failure = (Category.HANG if result.outcome is Outcome.HUNG else Category.UNKNOWN).value
             if result.outcome is Outcome.HUNG and result.warm and not result.trained:
                 self._turn_standby_off()
+            if result.outcome is Outcome.HUNG and result.held_store and not result.trained:
+                self._turn_store_off()
             sick = self._sick(chosen)
             held = self._gpu_reclaim(chosen, sick)
             verdict = self._judge(result, sick, held)
@@ -629,7 +638,7 @@ class Launcher:
                 self._kill(proc)
                 return AttemptResult(outcome=Outcome.HUNG, exit_code=-signal.SIGKILL, time=now,
                                      hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged,
-                                     warm=ft_env.STANDBY in env)
+                                     warm=ft_env.STANDBY in env, held_store=env.get(AGENT_STORE_ENV) == "True")
             complete = self._failure_evidence()
             failed_since = failed_since or (now if complete is not None else None)
             if failed_since is not None and (complete or now - failed_since >= cfg.evidence_wait_s):
@@ -669,7 +678,8 @@ class Launcher:
                 f"--ntasks-per-node={tasks_per_node}", f"--nodelist={','.join(missing)}", "--overlap", "--no-kill",
                 "--kill-on-bad-exit=0", python, "-m", "slurm_ft.launch.standby", "--python", python]
         try:
-            self._standbys.append((frozenset(missing), self.runner(argv, env)))
+            step = self.runner(argv, {**env, ft_env.STANDBY_KEY: self._standby_key})
+            self._standbys.append((frozenset(missing), step))
         except OSError as exc:
             self._event("standby_error", error=str(exc)[-200:])
             return
@@ -682,6 +692,15 @@ class Launcher:
         self._standby_off = True
         self._event("standby_off", attempt=self.attempts, why="a warm attempt hung before its first step")
         self._stop_standby()
+
+    def _turn_store_off(self) -> None:
+        """A circuit breaker: an attempt at the launcher's store hung before any rank's first step. The store admits
+        only the allocation's nodes (``slurm_ft.launch.store``); ranks that reach it from an address their node's
+        name does not resolve to are dropped and wait in their connect. From now on rank 0 hosts the store."""
+        self._event("launcher_store_off", attempt=self.attempts,
+                    why="an attempt at the launcher's store hung before its first step")
+        self.store.close()
+        self.store = None
 
     def _standby_ready(self) -> bool:
         return any(proc.poll() is None for _, proc in self._standbys)
@@ -775,7 +794,7 @@ class Launcher:
         env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
         env["SLURM_FT_ATTEMPT"] = str(self.attempts)
         if self.bell is not None and self.config.rank_records:  # the wrappers ring it
-            env[fault_bell.ENV] = self.bell.address
+            env[fault_bell.ENV] = self.bell.arm()  # a token per attempt
         else:
             env.pop(fault_bell.ENV, None)
         if self.resume_step is not None and self.attempts == 1:
@@ -785,8 +804,10 @@ class Launcher:
         python = self._standby_python()
         if python is not None and self.attempts > 1 and self._standby_ready():
             env[ft_env.STANDBY] = python  # the wrappers ask their slot's standby for the rank (else start it cold)
+            env[ft_env.STANDBY_KEY] = self._standby_key
         else:
             env.pop(ft_env.STANDBY, None)
+            env.pop(ft_env.STANDBY_KEY, None)
         cause = self.restart_cause if self.attempts == 1 else self._failure
         if cause:
             env[ft_env.PREFIX + ft_env.RESTART_CAUSE] = cause
@@ -827,8 +848,7 @@ class Launcher:
                  if p.is_file() and not p.is_symlink()]
         if not found:
             return
-        dest = self.config.run_dir / name
-        dest.mkdir(parents=True, exist_ok=True)
+        dest = make_run_dir(self.config.run_dir / name)
         for path in found:
             os.replace(path, dest / path.name)
 
@@ -842,8 +862,6 @@ class Launcher:
         line = json.dumps(record, default=str)
         log.info(describe(record))  # a plain line in the job's output; the JSON goes to events.jsonl
         try:
-            self.config.run_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.config.run_dir / EVENTS_FILE, "a") as fh:
-                fh.write(line + "\n")
+            append_line(make_run_dir(self.config.run_dir) / EVENTS_FILE, line)  # private: it names the store's port
         except OSError as exc:
             log.warning("cannot write %s: %s", self.config.run_dir / EVENTS_FILE, exc)

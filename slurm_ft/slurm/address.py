@@ -27,3 +27,12 @@ def node_addr(node: str, resolve=socket.getaddrinfo) -> str:
             if family == wanted:
                 return addr
     return "127.0.0.1"
+
+
+def node_addrs(node: str, family: socket.AddressFamily, resolve=socket.getaddrinfo) -> list[str] | None:
+    """Every address of ``node`` in ``family`` (a node may have several); None when the name does not resolve."""
+    try:
+        found = resolve(node, None, family=family, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    return sorted({sockaddr[0] for fam, _, _, _, sockaddr in found if fam == family})

@@ -116,8 +116,10 @@ class HeartbeatWriter:
         try:
             if not faulthandler.is_enabled():
                 faulthandler.enable()
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._stack_file = open(records.stack_path(self.run_dir, self.rank), "w")  # noqa: SIM115 - kept open
+            records.make_run_dir(self.run_dir)
+            fd = records.open_private(records.stack_path(self.run_dir, self.rank),
+                                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            self._stack_file = os.fdopen(fd, "w")  # kept open: faulthandler writes to it
             faulthandler.register(records.STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError, AttributeError):
             return None  # no stacks from this rank; the launcher then tries py-spy

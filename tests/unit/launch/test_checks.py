@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -70,3 +71,12 @@ def test_refusal_says_it_on_stderr_in_the_comment_and_in_the_events(tmp_path, ca
     assert parse_launcher_stop(comments[0]) is not None  # the monitor stops it as well
     record = json.loads((run / "events.jsonl").read_text())
     assert record["event"] == "exit" and record["cause"] == "config" and record["code"] == 2
+
+
+def test_the_run_dir_is_created_private_to_the_jobs_user(tmp_path):
+    old = os.umask(0o022)
+    try:
+        _preflight(tmp_path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700

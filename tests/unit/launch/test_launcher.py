@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import sys
 
 import pytest
@@ -117,6 +119,20 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1" and env["MASTER_ADDR"]
     assert env["SLURM_FT_RESUME_STEP"] == "7"
     assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
+
+
+def test_the_run_dir_the_launcher_creates_is_the_users_alone(tmp_path):
+    """events.jsonl names each attempt's store port: another user must not read it (or the archived attempts)."""
+    run = tmp_path / "run"
+    old = os.umask(0o022)
+    try:
+        launcher, _, _ = make(tmp_path, [Script(run, code=1, steps=3), Script(run)])
+        launcher._event("launch", note="before any rank wrote a file")
+        assert launcher.run() == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [run, *run.iterdir()]}
+    assert modes["run"] == 0o700 and modes["events.jsonl"] == 0o600 and modes["attempt-1"] == 0o700
 
 
 def test_a_requeued_jobs_first_attempt_carries_the_requeue_cause(tmp_path):
@@ -278,10 +294,12 @@ def test_an_error_of_its_own_before_the_first_bad_end_is_still_waited_for(tmp_pa
 class Bell:
     """A fake fault bell on the fake clock: rung at ``at`` (the failed rank's wrapper)."""
 
-    address = "10.0.0.1:4242"
-
     def __init__(self, clock, at: float) -> None:
-        self.clock, self.at, self.closed = clock, at, False
+        self.clock, self.at, self.closed, self.armed = clock, at, False, 0
+
+    def arm(self) -> str:
+        self.armed += 1
+        return f"10.0.0.1:4242:token{self.armed}"
 
     def wait(self, seconds: float) -> bool:
         if self.clock.now < self.at <= self.clock.now + seconds:
@@ -302,7 +320,8 @@ def test_the_bell_wakes_the_launcher_when_a_rank_ends_badly(tmp_path):
     assert launcher.run() == 0
     fault = next(e for e in events(tmp_path) if e["event"] == "fault_detected")
     assert fault["time"] == pytest.approx(1002.4)  # at the ring, not at the next poll (1003)
-    assert runner.calls[0][1]["SLURM_FT_BELL"] == "10.0.0.1:4242"  # where the wrappers ring
+    bells = [env["SLURM_FT_BELL"] for _, env in runner.calls]
+    assert bells == ["10.0.0.1:4242:token1", "10.0.0.1:4242:token2"]  # where the wrappers ring, a token per attempt
     assert bell.closed
 
 
@@ -698,6 +717,27 @@ def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(t
     assert [e["event"] for e in events(tmp_path)].count("standby_start") == 1
 
 
+def test_the_standbys_and_the_wrappers_share_a_random_key_that_only_the_launchers_steps_get(tmp_path):
+    """The standbys' socket names carry a key the launcher draws: nobody can bind a slot's name before its keeper
+    (job id, node and slot are guessable, for jobs not even started)."""
+    keys = []
+    for attempt in range(2):
+        run = tmp_path / f"run{attempt}"
+        clock = Clock()
+        runner = Runner([Script(run, code=1, steps=3), Standby(), Script(run)])
+        launcher = Launcher(LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0,
+                                         kill_grace_s=3.0, standby=True),
+                            allocation=("n1",), environ={"PATH": "/bin", "SLURM_JOB_ID": "4242"}, runner=runner,
+                            clock=clock, sleep=clock.sleep, port=lambda: 29500)
+        assert launcher.run() == 0
+        (_, first_env), (_, standby_env), (_, second_env) = runner.calls
+        key = standby_env["SLURM_FT_STANDBY_KEY"]
+        assert second_env["SLURM_FT_STANDBY_KEY"] == key and "SLURM_FT_STANDBY_KEY" not in first_env
+        assert len(key) == 32 and int(key, 16) >= 0 and "4242" not in key
+        keys.append(key)
+    assert keys[0] != keys[1]  # drawn anew by every launcher
+
+
 def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_path):
     """The spare node's standbys start with the others, so the node swapped in for a dead one starts its rank
     warm; a dead node's part of the standby step dies with it, the standbys on the other nodes (and the ranks they
@@ -832,6 +872,8 @@ def test_the_launcher_holds_the_store_only_where_every_rank_can_use_it(argv, env
         from slurm_ft.slurm.address import master_addr
 
         assert keeper.python == "python" and keeper.addr == master_addr("n1", {})  # the launcher's own node
+        assert keeper.peers == "n1,n2"  # only the allocation's nodes may connect
+        assert store_keeper(config, ["n1", "n2"], {**environ, "SLURM_JOB_NODELIST": "n[1-2]"}).peers == "n[1-2]"
 
 
 class Silent(Script):
@@ -858,6 +900,24 @@ def test_a_warm_attempt_hung_before_its_first_step_turns_standbys_off_for_the_jo
     kinds = [e["event"] for e in events(tmp_path)]
     assert kinds.count("standby_off") == 1 and kinds.count("standby_start") == 1
     assert kinds[kinds.index("standby_off") - 1] == "fault_detected"  # decided as the hang was seen
+
+
+def test_an_attempt_hung_at_the_launchers_store_before_its_first_step_hands_the_store_back_to_rank_0(tmp_path):
+    """The store's peer filter drops ranks that come from an address their node's name does not resolve to
+    (asymmetric routing): they wait in connect. The next attempts rendezvous at rank 0, as torch does."""
+    run = tmp_path / "run"
+    store = Store()
+    hung = Silent(run)
+    launcher, runner, _ = make(tmp_path, [Script(run, code=1, steps=3), hung, Script(run)], max_restarts=2,
+                               hang_timeout_s=10.0, grace=5.0)
+    launcher.store = store
+    assert launcher.run() == 0
+    _, at_store, after = (env for _, env in runner.calls)
+    assert at_store["MASTER_ADDR"] == "10.0.0.9" and "TORCHELASTIC_USE_AGENT_STORE" not in after
+    assert hung.killed and store.closed
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert kinds.count("launcher_store_off") == 1
+    assert [e["store"] for e in events(tmp_path) if e["event"] == "attempt_start"] == ["rank 0", "launcher", "rank 0"]
 
 
 def test_a_cold_attempt_hung_before_its_first_step_leaves_standbys_on(tmp_path):

@@ -109,7 +109,7 @@ def test_a_bad_end_rings_the_launchers_bell_and_a_clean_one_does_not(tmp_path):
 
     bell = Bell("127.0.0.1")
     try:
-        env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "5", ENV: bell.address}
+        env = {**os.environ, "SLURM_FT_RUN_DIR": str(tmp_path), "SLURM_PROCID": "5", ENV: bell.arm()}
         env.pop("RANK", None)
         for code, rings in (("import sys; sys.exit(0)", False), ("import sys; sys.exit(2)", True)):
             subprocess.run([sys.executable, "-m", "slurm_ft.launch.rank", "--", sys.executable, "-c", code],

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,6 +175,38 @@ def payload(config: StepConfig, measured: Sequence[dict[str, Any]], host: dict[s
             "what_if": what, "target": target(what, config.step_s)}
 
 
+def recorder_row(ranks: int, entries: int, collectives: int, off: Sequence[float],
+                 on: Sequence[float]) -> dict[str, Any]:
+    """The flight recorder's cost at ``ranks``: medians (seconds) of a step's collectives with the recorder off and
+    on (``entries``), each measured in several runs taken in turn; the overhead is the difference of the medians over
+    the runs, the noise the spread of the off runs."""
+    require(bool(off) and bool(on), "runs", "needs at least one run with the recorder off and one on")
+    off_s, on_s = statistics.median(off), statistics.median(on)
+    return {"ranks": ranks, "entries": entries, "collectives": collectives, "off_s": off_s, "on_s": on_s,
+            "overhead_s": on_s - off_s, "per_collective_s": (on_s - off_s) / max(1, collectives),
+            "noise_s": max(off) - min(off), "runs_off": list(off), "runs_on": list(on)}
+
+
+def render_recorder(rows: Sequence[dict[str, Any]], compute_ms: float) -> str:
+    """The flight recorder's section of the report."""
+    from slurm_ft.bench.report import Column, records_table
+
+    if not rows:
+        return ""
+    us = lambda key: (lambda r: r[key] * 1e6)  # noqa: E731
+    head = (f"flight recorder (TORCH_FR_BUFFER_SIZE={rows[0]['entries']}): a step's {rows[0]['collectives']} "
+            f"gloo all-reduces after {compute_ms:g} ms of compute, slowest rank, median of the steps (several runs "
+            "each, taken in turn)")
+    table = records_table(list(rows), {"ranks": "ranks", Column("bare step us", ".1f"): us("off_s"),
+                                       Column("recorder on us", ".1f"): us("on_s"),
+                                       Column("overhead us", "+.1f"): us("overhead_s"),
+                                       Column("per collective us", "+.2f"): us("per_collective_s"),
+                                       Column("noise (off runs) us", ".1f"): us("noise_s")})
+    verdicts = [f"{r['ranks']} ranks: {'within' if abs(r['overhead_s']) <= r['noise_s'] else 'above'} the noise"
+                for r in rows]
+    return "\n".join([head, table, "; ".join(verdicts)])
+
+
 def render(data: dict[str, Any]) -> str:
     """The terminal report: measured costs, the fits, the extrapolation and the target."""
     from slurm_ft.bench.report import Column, records_table
@@ -206,4 +239,6 @@ def render(data: dict[str, Any]) -> str:
                       Column("ring % of step", ".3%"): "ring_fraction"})]
     t = data["target"]
     lines.append(f"target: {t['target']}: {'met' if t['met'] else 'NOT met'} ({t['fraction']:.4%})")
+    if data.get("flight_recorder"):
+        lines += ["", render_recorder(data["flight_recorder"], data["config"].get("compute_ms", 0.0))]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slurm_ft.classify.collectives import RankTrace
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 from slurm_ft.health.records import NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, NodeInfo
@@ -95,6 +96,8 @@ class Evidence:
     ``in_allocation`` is True when the allocation is still alive (the launcher asking): recoverable
     categories then prefer ``restart_in_place``. ``ends`` says how each rank's process ended (the launcher's
     per-rank wrapper); ``hang`` is set only for an attempt the launcher found hung: every rank's state then.
+    ``traces`` are the ranks' flight-recorder dumps (``slurm_ft.classify.collectives``), the job's word: they may
+    name its ranks and nodes, never strike a node.
     """
 
     job: JobEnd | None = None
@@ -105,10 +108,11 @@ class Evidence:
     logs: tuple[LogTail, ...] = ()
     ends: tuple[RankEnd, ...] = ()
     hang: tuple[RankState, ...] = ()
+    traces: tuple[RankTrace, ...] = ()
     in_allocation: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang"):
+        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang", "traces"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))

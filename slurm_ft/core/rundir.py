@@ -10,6 +10,12 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
   (``slurm_ft.launch.rank``), also for a death no Python code sees (SIGKILL, SIGSEGV).
 - ``hang.rank<R>.json``: a hung attempt's rank as its node saw it before the kill (``RankState``: process state,
   liveness, stack file), written by ``slurm_ft.launch.hang``; ``stack.rank<R>.txt``: its Python stacks.
+- ``trace.rank<R>.json``: the rank's collectives as torch's flight recorder saw them (``TORCH_FR_BUFFER_SIZE``):
+  ``{"rank", "host", "pid", "time", "reason", "fr"}``, ``fr`` being ``_dump_fr_trace_json``'s dict, written by the
+  rank itself (``slurm_ft.train.traces``) on ``TRACE_SIGNAL`` (a hung or failed attempt, before the kill) or when it
+  dies of an exception; read by the classifier (``slurm_ft.classify.collectives``), never unpickled or executed.
+  ``nccl_trace.rank<R>``: NCCL's own dump on a watchdog timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``, a pickle): for
+  the user's ``python -m torch.distributed.flight_recorder.fr_trace``, never read by slurm-ft.
 - ``events.jsonl``: the launcher's events, one JSON object a line (``{"event", "time", ...}``: ``attempt_start``,
   ``fault_detected``, ``verdict``, ``exit`` ...), appended by the launcher and, for a stop the monitor decides after
   the job ended, by the monitor's child as the job's user (``slurm_ft.cluster.stop_note``); read by
@@ -42,10 +48,16 @@ ERROR_GLOB = "error.rank*.json"
 END_GLOB = "end.rank*.json"
 HANG_GLOB = "hang.rank*.json"
 STACK_GLOB = "stack.rank*.txt"
+TRACE_GLOB = "trace.rank*.json"
+NCCL_TRACE_PREFIX = "nccl_trace.rank"  # TORCH_FR_DUMP_TEMP_FILE: NCCL appends the rank
+NCCL_TRACE_GLOB = NCCL_TRACE_PREFIX + "*"
+MAX_TRACE_BYTES = 16 << 20  # a trace file larger than this is no evidence (2000 entries are ~1 MiB)
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
 EVENTS_FILE = "events.jsonl"
 STACK_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler writes its stacks on it (sent only to ranks announcing it)
+UNREAD_STATE = "?"  # a RankState whose node did not report (its helper did not run there, or timed out)
+TRACE_SIGNAL = signal.SIGRTMIN + 3  # a rank dumps its flight recorder on it (sent only to ranks announcing it)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -79,6 +91,10 @@ def stack_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / f"stack.rank{rank}.txt"
 
 
+def trace_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"trace.rank{rank}.json"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
     rank: int
@@ -88,6 +104,7 @@ class Heartbeat:
     pid: int = 0
     alive: float | None = None  # the liveness thread's last beat; None: the writer has no liveness thread
     stack_signal: int | None = None  # the signal that makes the rank write its Python stacks (faulthandler)
+    trace_signal: int | None = None  # the signal that makes the rank dump its flight recorder (slurm_ft.train.traces)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,6 +240,26 @@ def read_ends(run_dir: str | os.PathLike[str]) -> list[RankEnd]:
 def read_rank_states(run_dir: str | os.PathLike[str]) -> list[RankState]:
     return sorted((r for r in _read_all(Path(run_dir), HANG_GLOB, RankState) if _well_typed(r)),
                   key=lambda r: r.rank)
+
+
+def read_trace_dicts(run_dir: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -> list[dict[str, Any]]:
+    """The trace files' JSON objects, by file name (regular files only, each at most ``max_bytes``, its ``rank`` the
+    one its name says; a torn, foreign or oversized file is skipped). As the job's user: root reads a job's files
+    through ``slurm_ft.health.jobfiles`` only, and slurm-ft's root code reads no trace."""
+    found = []
+    for path in sorted(Path(run_dir).glob(TRACE_GLOB)):
+        named = _RANK_RE.search(path.name)
+        if not named or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            if path.stat().st_size > max_bytes:
+                continue
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and data.get("rank") == int(named.group(1)):  # its name and its word agree
+            found.append(data)
+    return found
 
 
 _TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}

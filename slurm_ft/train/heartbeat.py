@@ -9,6 +9,10 @@ uninterruptible sleep, holding the GIL in native code) does not. The launcher te
 ``stacks`` (default on): the rank's Python stacks, every thread, go to ``stack.rank<R>.txt`` in the run dir on
 ``records.STACK_SIGNAL`` (``faulthandler.register``), for the launcher to collect before it kills a hung attempt;
 ``faulthandler`` is enabled for fatal signals too (SIGSEGV ...: the stack lands in the rank's stderr tail).
+
+``traces`` (default on): with torch's flight recorder on (``slurm-ft launch`` sets ``TORCH_FR_BUFFER_SIZE``), the
+rank dumps it to ``trace.rank<R>.json`` on ``records.TRACE_SIGNAL`` (``slurm_ft.train.traces``), and the heartbeat
+announces that signal as it announces the stacks' one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from slurm_ft.core import rundir as records
+from slurm_ft.train import traces as fr_traces
 
 DEFAULT_LIVENESS_S = 2.0
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ class HeartbeatWriter:
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int, *, interval_s: float = 0.0,
                  clock: Callable[[], float] = time.time, liveness_s: float = DEFAULT_LIVENESS_S,
-                 stacks: bool = True) -> None:
+                 stacks: bool = True, traces: bool = True) -> None:
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         if liveness_s < 0:
@@ -50,6 +55,7 @@ class HeartbeatWriter:
         self._thread: threading.Thread | None = None
         self._stack_file: IO[str] | None = None
         self._stack_signal = self._register_stacks() if stacks else None
+        self._trace_signal = fr_traces.install(self.run_dir, rank) if traces else None
 
     def beat(self, step: int, *, force: bool = False) -> bool:
         """Record progress at ``step``; returns False when the file write was skipped by the interval."""
@@ -84,7 +90,8 @@ class HeartbeatWriter:
             step, when = self._progress
             records.write_heartbeat(self.run_dir, records.Heartbeat(
                 rank=self.rank, step=step, time=when, host=self._host, pid=self._pid,
-                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal))
+                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal,
+                trace_signal=self._trace_signal))
 
     def _start_liveness(self) -> None:
         if self._thread is not None or self.liveness_s <= 0:

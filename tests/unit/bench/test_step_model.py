@@ -99,10 +99,27 @@ def test_slowest_rank_per_step_and_cli_parse():
     from slurm_ft.bench import step_bench
 
     assert step_bench.slowest_rank([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
-    config, _ = step_bench.parse(["--ranks", "1,2", "--steps", "10"])
+    config, _, recorder = step_bench.parse(["--ranks", "1,2", "--steps", "10"])
     assert config.ranks == (1, 2) and config.steps == 10
+    assert recorder == {"entries": 2000, "ranks": (2, 4), "collectives": 8, "runs": 2}
+    assert step_bench.parse(["--ranks", "1,2", "--fr-entries", "0"])[2]["ranks"] == ()
     with pytest.raises(SystemExit):
         step_bench.parse(["--ranks", "4"])
+    with pytest.raises(SystemExit):
+        step_bench.parse(["--ranks", "1,2", "--fr-collectives", "0"])
+
+
+def test_the_flight_recorders_cost_is_the_difference_of_medians_beside_the_noise():
+    row = sm.recorder_row(2, 2000, 8, off=[0.0010, 0.0012, 0.0011], on=[0.0013, 0.0012, 0.0014])
+    assert row["off_s"] == pytest.approx(0.0011) and row["on_s"] == pytest.approx(0.0013)
+    assert row["overhead_s"] == pytest.approx(0.0002) and row["per_collective_s"] == pytest.approx(0.000025)
+    assert row["noise_s"] == pytest.approx(0.0002)
+    text = sm.render_recorder([row], compute_ms=20)
+    assert text.splitlines()[0].startswith("flight recorder (TORCH_FR_BUFFER_SIZE=2000): a step's 8 gloo all-reduces")
+    assert text.splitlines()[-1] == "2 ranks: within the noise"
+    loud = sm.recorder_row(4, 2000, 8, off=[0.0010, 0.0010], on=[0.0020, 0.0020])
+    assert sm.render_recorder([loud], compute_ms=20).splitlines()[-1] == "4 ranks: above the noise"
+    assert sm.render_recorder([], compute_ms=20) == ""
 
 
 def test_bench_step_and_checkpoint_are_delegated(monkeypatch):

@@ -373,7 +373,8 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
             walls.append(wall)
         rows.append((run.name, verdict["category"] if verdict else "-", culprit_text(verdict) if verdict else "-",
                      _secs(timing and timing.detection_s),
-                     _secs(timing and timing.recovery_s), "-" if timing is None else str(timing.steps_lost),
+                     _secs(timing and timing.recovery_s),
+                     "-" if timing is None or timing.steps_lost is None else str(timing.steps_lost),
                      str(run.final.restart_count if run.final else "-"),
                      "-" if run.result is None else ("equal" if same else "DIFFERENT"),
                      "-" if ratio is None else f"{min(ratio, 1.0):.2f}"))

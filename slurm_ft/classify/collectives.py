@@ -366,23 +366,24 @@ def _stuck(state: RankState | None) -> str:
 
 
 # ---- one line per rank group (slurm-ft report) ---------------------------------------------------------------------
-def positions(traces: Sequence[RankTrace], ranks: Iterable[int] = ()) -> list[str]:
+def positions(traces: Sequence[RankTrace], ranks: Iterable[int] = (), states: Sequence[RankState] = ()) -> list[str]:
     """Where every rank was in the most telling stalled process group, one line per group of ranks in the same place:
-    ``ranks 0,2-3: waiting in all_gather #42 of process group 0 (default_pg) for 12.0 s``. Empty: no stall."""
-    all_ranks = sorted(set(ranks) | {t.rank for t in traces})
+    ``ranks 0,2-3: waiting in all_gather #42 of process group 0 (default_pg) for 12.0 s``; a rank without a dump
+    with why, as its node saw it (``states``). Empty: no stall."""
+    all_ranks = sorted(set(ranks) | {t.rank for t in traces} | {s.rank for s in states})
     found = stalls(traces, all_ranks)
     if not found:
         return []
-    stall, by_rank = found[0], {t.rank: t for t in traces}
+    stall, by_rank, state_of = found[0], {t.rank: t for t in traces}, {s.rank: s for s in states}
     places: dict[str, list[int]] = {}
     for rank in all_ranks:
-        places.setdefault(_place(stall, by_rank.get(rank)), []).append(rank)
+        places.setdefault(_place(stall, by_rank.get(rank), state_of.get(rank)), []).append(rank)
     return [f"{'ranks' if len(rs) > 1 else 'rank'} {ranges(rs)}: {place}" for place, rs in places.items()]
 
 
-def _place(stall: Stall, trace: RankTrace | None) -> str:
+def _place(stall: Stall, trace: RankTrace | None, state: RankState | None) -> str:
     if trace is None:
-        return "no dump (did not answer)"
+        return f"no dump ({_stuck(state) or 'did not answer'})"
     calls = [c for c in trace.calls if c.pg == stall.call.pg and not c.p2p]
     at = next((c for c in calls if c.seq == stall.call.seq), None)
     if at is None:

@@ -734,7 +734,7 @@ class Launcher:
                                     ranks=range(world))
         verdict = self.classify_fn(evidence)
         cause = root_cause(verdict, evidence)
-        where = collectives.positions(evidence.traces, range(world)) if evidence.traces else []
+        where = collectives.positions(evidence.traces, range(world), result.hang) if evidence.traces else []
         self._event("verdict", attempt=self.attempts, outcome=result.outcome.value, root_cause_rank=cause["rank"],
                     root_cause=cause, verdict=verdict.to_dict(), **({"collectives": where} if where else {}))
         print(paragraph(self.attempts, verdict, cause), file=sys.stderr, flush=True)

@@ -209,3 +209,28 @@ def test_torchs_own_matcher_agrees_on_the_recorded_desyncs():
         odd = types.Op(entry[mismatch.odd[0]], members, mismatch.odd_call.pg)
         normal = types.Op(entry[mismatch.others[0]], members, mismatch.odd_call.pg)
         assert normal.match(odd).state.name == mismatch.kind == "COLLECTIVE_TYPE_MISMATCH"
+
+
+@pytest.mark.parametrize("scenario,category,line", [
+    ("lab_sigstop", Category.HANG, "rank 1 (n4): no flight-recorder dump (process stopped (state T)) while rank 0 (n3) "
+                                   "waits in all_gather #92 of process group 0 (default_pg)"),
+    ("lab_stuck_loader", Category.HANG, "rank 1 (n2): never entered all_gather #83 of process group 0 (default_pg), "
+                                        "which rank 0 (n1) waits in"),
+    ("lab_desync", Category.USER_CODE, "rank 1 (n4) called all_reduce(in [[1]], out [[1]], Float) as collective #83 of "
+                                       "process group 0 (default_pg) where rank 0 (n3) called all_gather(in [[272]], "
+                                       "out [[2, 272]], Float): a desync in the training code"),
+])
+def test_the_demos_recorded_attempts(scenario, category, line):
+    """The demo's hung attempts on the lab (22.05): the example FSDP trainer with the checkpoint manager's two groups
+    beside the default one; dumps and node reports as the launcher found them."""
+    from slurm_ft.core.rundir import read_rank_states
+    from slurm_ft.launch.verdict import attempt_evidence
+
+    evidence = attempt_evidence(DATA / scenario, hang=read_rank_states(DATA / scenario),
+                                nodes=["n1", "n2", "n3", "n4"], ranks=range(2))
+    assert {c.pg for t in evidence.traces for c in t.calls} == {"0", "1", "2"}
+    verdict = classify(evidence)
+    assert verdict.category is category and verdict.culprit.ranks == (1,) and verdict.evidence[0].startswith(line)
+    assert fr.positions(evidence.traces, range(2), evidence.hang)[-1].startswith("rank 1: ")
+    if scenario == "lab_sigstop":
+        assert fr.positions(evidence.traces, range(2), evidence.hang)[-1] == "rank 1: no dump (process stopped (state T))"

@@ -584,6 +584,8 @@ class Launcher:
             code = proc.poll()
             if code is not None:
                 now = self.clock()
+                if dumps is not None:  # every rank has ended: no dump is coming
+                    dumps.wait(0.0)
                 return AttemptResult(outcome=Outcome.SUCCEEDED if code == 0 else Outcome.FAILED,
                                      exit_code=code, time=now)
             now = self.clock()

@@ -17,6 +17,7 @@ announces that signal as it announces the stacks' one.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import logging
 import os
@@ -31,6 +32,13 @@ from slurm_ft.train import traces as fr_traces
 
 DEFAULT_LIVENESS_S = 2.0
 log = logging.getLogger(__name__)
+
+
+def _stacks_off() -> None:
+    """At exit: the stack signal does nothing from now on (a late request of the hang helper must not kill a rank
+    that is only slow to exit)."""
+    faulthandler.unregister(records.STACK_SIGNAL)  # False when it was not registered: nothing to undo
+    fr_traces.ignore_at_exit(records.STACK_SIGNAL)
 
 
 class HeartbeatWriter:
@@ -115,4 +123,5 @@ class HeartbeatWriter:
             faulthandler.register(records.STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError, AttributeError):
             return None  # no stacks from this rank; the launcher then tries py-spy
+        atexit.register(_stacks_off)  # exiting: faulthandler's fini would restore the default (the signal kills)
         return int(records.STACK_SIGNAL)

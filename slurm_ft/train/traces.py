@@ -14,11 +14,16 @@ describes (``{"rank", "host", "pid", "time", "reason", "fr"}``):
   collective that failed: its view of which one), unless a dump the launcher asked for is there already: that one
   shows the moment the launcher judged, before the kill made collectives fail.
 
+Once the interpreter starts to exit, the signal is ignored (``atexit``): finalization resets Python-level handlers
+to the default, and the default of a real-time signal ends the process, so a request reaching a rank that is
+still exiting (a finished run slower to exit than the hang timeout) would kill it.
+
 Nothing here imports torch: a dump happens only in a process that imported it already, with the recorder on.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -111,6 +116,7 @@ class TraceDumper:
             return None
         self._read, self._write, self.signal = read, write, int(records.TRACE_SIGNAL)
         threading.Thread(target=self._serve, name=f"slurm-ft-trace-rank{self.rank}", daemon=True).start()
+        atexit.register(ignore_at_exit, records.TRACE_SIGNAL)
         return self.signal
 
     def _serve(self) -> None:
@@ -125,6 +131,14 @@ class TraceDumper:
                 return  # closed
             if wanted in got:
                 dump(self.run_dir, self.rank, reason="signal")
+
+
+def ignore_at_exit(signum: int) -> None:
+    """From here to the end of the process ``signum`` does nothing (see the module docstring)."""
+    try:
+        signal.signal(signum, signal.SIG_IGN)
+    except (ValueError, OSError):
+        return
 
 
 def _stub(signum: int, frame: object) -> None:

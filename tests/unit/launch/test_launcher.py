@@ -961,3 +961,19 @@ def test_flight_recorder_flag_and_validation(tmp_path):
         LaunchConfig(command=("x",), flight_recorder=-1)
     with pytest.raises(ValueError, match="trace_wait_s"):
         LaunchConfig(command=("x",), trace_wait_s=61)
+
+
+def test_a_pending_dump_request_is_dropped_when_the_step_ends_by_itself(tmp_path):
+    run = tmp_path / "run"
+    log = []
+
+    class Ends(FailsAt):
+        def poll(self):
+            code = super().poll()
+            return 1 if code is None and self.clock.now >= self.at + 0.5 else code
+
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=5.0)
+    launcher.runner.scripts = [Ends(run, clock, at=1002.0, ended=False), Script(run)]
+    launcher.request_traces = lambda nodes, run_dir: Request(log, nodes, run_dir)
+    assert launcher.run() == 0
+    assert log == [("asked", ["n1", "n2"]), ("waited", 0.0)]

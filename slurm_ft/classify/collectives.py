@@ -204,9 +204,9 @@ class Stall:
 
 
 def stalls(traces: Iterable[RankTrace], ranks: Iterable[int] = ()) -> list[Stall]:
-    """Every stalled process group, most telling first: with ranks that never entered, then with ranks that did not
-    answer, then the rest; more waiting ranks first; the default group first. ``ranks``: all ranks of the attempt
-    (those without a dump are ``silent``)."""
+    """Every stalled process group, the one most ranks wait in first (a group a background thread uses, the
+    checkpoint's, may lag legitimately); then one with ranks that never entered, then with ranks that did not
+    answer; then the default group. ``ranks``: all ranks of the attempt (those without a dump are ``silent``)."""
     by_rank = {t.rank: t for t in traces}
     silent = tuple(sorted(set(ranks) - set(by_rank)))
     found = []
@@ -216,7 +216,7 @@ def stalls(traces: Iterable[RankTrace], ranks: Iterable[int] = ()) -> list[Stall
         stall = _stall(calls, by_rank, silent if len(calls) == len(by_rank) else ())
         if stall is not None:
             found.append(stall)
-    return sorted(found, key=lambda s: (not s.absent, not s.silent, -len(s.waiting), s.call.pg_desc != "default_pg"))
+    return sorted(found, key=lambda s: (-len(s.waiting), not s.absent, not s.silent, s.call.pg_desc != "default_pg"))
 
 
 def _stall(calls: dict[int, list[CollectiveCall]], traces: Mapping[int, RankTrace],

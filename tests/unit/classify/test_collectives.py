@@ -234,3 +234,17 @@ def test_the_demos_recorded_attempts(scenario, category, line):
     assert fr.positions(evidence.traces, range(2), evidence.hang)[-1].startswith("rank 1: ")
     if scenario == "lab_sigstop":
         assert fr.positions(evidence.traces, range(2), evidence.hang)[-1] == "rank 1: no dump (process stopped (state T))"
+
+
+def test_the_group_most_ranks_wait_in_comes_before_a_lagging_background_group():
+    def call(pg, seq, done):
+        return fr.CollectiveCall(pg=pg, pg_desc="default_pg" if pg == "0" else "undefined", seq=seq, op="all_reduce",
+                                 in_sizes=((4,),), out_sizes=((4,),), completed=done)
+    # ranks 0-2 wait in #5 of group 0 (none completed it); in group 2 (a save thread's) rank 0 is one call ahead
+    found = [fr.RankTrace(rank=0, calls=(call("0", 4, True), call("0", 5, False), call("2", 1, True),
+                                         call("2", 2, False))),
+             *(fr.RankTrace(rank=r, calls=(call("0", 4, True), call("0", 5, False), call("2", 1, True)))
+               for r in (1, 2))]
+    first = fr.stalls(found, range(3))[0]
+    assert (first.call.pg, first.call.seq, first.waiting, first.absent) == ("0", 5, (0, 1, 2), ())
+    assert [c.kind for c in fr.clues(found, states(3), hung=True)] == ["all_waiting"]

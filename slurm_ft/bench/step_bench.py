@@ -18,9 +18,10 @@ context switches.
 The flight recorder's cost (``slurm-ft launch`` turns it on: ``TORCH_FR_BUFFER_SIZE``, ``slurm_ft.launch.traces``),
 beside the bare step: at each of --fr-ranks, --fr-runs runs with the recorder off and as many with --fr-entries
 entries, in turn (off, on, off, on: a drift of the host hits both), each --steps steps of --fr-collectives gloo
-all-reduces of 1 KiB after the --compute-ms sleep; per step the slowest rank's time for the collectives. The
-overhead is the median with the recorder on minus the median with it off; the noise is the spread between the off
-runs. Outputs: the tables on stdout, step.json in --out.
+all-reduces of 1 KiB after the --compute-ms sleep; per step the slowest rank's wall time for the collectives and the
+ranks' mean CPU time (all threads: what a host busy with other work inflates least). The overhead is the median with
+the recorder on minus the median with it off; the noise the larger spread of the off and of the on runs
+(``step_model.recorder_row``). Outputs: the tables on stdout, step.json in --out.
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ def _recorder_worker(rank: int, world: int, plan: dict[str, Any], out: str) -> N
     times = []
     for i in range(plan["warmup"] + plan["steps"]):
         time.sleep(plan["compute_s"])
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(plan["collectives"]):
             dist.all_reduce(tensor)
         if i >= plan["warmup"]:
-            times.append(time.perf_counter() - start)
+            times.append((time.perf_counter() - start, time.process_time() - cpu))
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, times)
     if rank == 0:
@@ -115,8 +116,9 @@ def _recorder_worker(rank: int, world: int, plan: dict[str, Any], out: str) -> N
     dist.destroy_process_group()
 
 
-def recorder_run(world: int, plan: dict[str, Any], entries: int) -> float:
-    """One run of ``world`` ranks with ``entries`` recorder entries (0: off): the median slowest-rank step."""
+def recorder_run(world: int, plan: dict[str, Any], entries: int) -> dict[str, float]:
+    """One run of ``world`` ranks with ``entries`` recorder entries (0: off): the median step's wall time (the
+    slowest rank's) and CPU time (the ranks' mean)."""
     import torch.multiprocessing as mp
 
     from slurm_ft.bench.checkpoint_bench import _free_port
@@ -128,7 +130,10 @@ def recorder_run(world: int, plan: dict[str, Any], entries: int) -> float:
         with tempfile.TemporaryDirectory(prefix="bench-fr-") as tmp:
             out = Path(tmp) / "times.json"
             mp.spawn(_recorder_worker, args=(world, plan, str(out)), nprocs=world)
-            return statistics.median(slowest_rank(json.loads(out.read_text())))
+            ranks = json.loads(out.read_text())
+            wall = slowest_rank([[w for w, _ in steps] for steps in ranks])
+            cpu = [statistics.fmean(step) for step in zip(*[[c for _, c in steps] for steps in ranks])]
+            return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu)}
     finally:
         for key, value in saved.items():
             if value is None:

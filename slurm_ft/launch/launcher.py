@@ -69,6 +69,7 @@ from slurm_ft.core.rundir import (
     read_errors,
     read_heartbeats,
     read_rank_states,
+    trace_path,
 )
 from slurm_ft.core.taxonomy import Category
 from slurm_ft.health.jobfiles import latest_step
@@ -701,10 +702,18 @@ class Launcher:
         return self.request_traces(chosen, self.config.run_dir)
 
     def _traces_in(self, dumps: Any) -> None:
-        """Wait for the dumps asked for (at most ``trace_wait_s`` after asking); a shortfall is an event."""
-        why = dumps.wait(self.config.trace_wait_s) if dumps is not None else ""
+        """Wait for the dumps asked for (at most ``trace_wait_s`` after asking, less once every rank has dumped or
+        ended); a shortfall is an event."""
+        why = dumps.wait(self.config.trace_wait_s, done=self._ranks_accounted) if dumps is not None else ""
         if why:
             self._event("trace_dumps_partial", attempt=self.attempts, why=why)
+
+    def _ranks_accounted(self) -> bool:
+        """Every rank of the attempt has dumped its flight recorder or ended (this attempt's files only: the last
+        one's were set aside)."""
+        run_dir = self.config.run_dir
+        dumped = {r for r in range(self._world) if trace_path(run_dir, r).exists()}
+        return dumped | {end.rank for end in read_ends(run_dir)} >= set(range(self._world))
 
     def _wait(self, seconds: float) -> None:
         """Until the next poll, or until a rank's wrapper rings the bell (a rank ended badly)."""

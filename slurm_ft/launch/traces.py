@@ -14,7 +14,8 @@ variable                        value                                  why
 (``TORCH_NCCL_TRACE_BUFFER_SIZE``, the older name of the buffer size, set by the job counts as the user's choice.)
 A hung attempt's ranks dump when the per-node hang helper asks (``slurm_ft.launch.hang``); a failed attempt's ranks
 when ``TraceRequest`` runs the same helper with ``--traces-only``, started as soon as a rank fails and waited for at
-most ``wait_s`` before the launcher kills the step: a rank that cannot dump delays the restart by that much at most.
+most ``wait_s`` before the launcher kills the step, or until every rank has a dump or has ended (the ranks that
+raised dump on their way out): a rank that cannot dump delays the restart by ``wait_s`` at most.
 """
 
 from __future__ import annotations
@@ -58,17 +59,22 @@ class TraceRequest:
         except OSError as exc:
             self.proc, self.why = None, f"no srun to ask for the flight-recorder dumps: {exc}"
 
-    def wait(self, wait_s: float) -> str:
-        """Wait until ``wait_s`` after the start at most, then stop the helpers: "" when they finished, else why
-        not (some dumps are then missing)."""
+    def wait(self, wait_s: float, *, done: Callable[[], bool] = lambda: False,
+             sleep: Callable[[float], None] = time.sleep) -> str:
+        """Wait until ``wait_s`` after the start at most, or until ``done`` says every rank is accounted for (the
+        ranks' own error-path dumps often come first), then stop the helpers: "" when they finished or were not
+        needed, else why not (some dumps are then missing)."""
         if self.proc is None:
-            return self.why
-        try:
-            code = self.proc.wait(timeout=max(0.0, self.started + wait_s - self.clock()))
-        except subprocess.TimeoutExpired:
+            return "" if done() else self.why
+        while self.proc.poll() is None and self.clock() < self.started + wait_s:
+            if done():
+                self._stop()
+                return ""
+            sleep(0.05)
+        if self.proc.poll() is None:
             self._stop()
-            return f"the flight-recorder dumps were not all in within {wait_s:g} s"
-        return "" if code == 0 else f"the dump helpers exited {code}"
+            return "" if done() else f"the flight-recorder dumps were not all in within {wait_s:g} s"
+        return "" if self.proc.returncode == 0 or done() else f"the dump helpers exited {self.proc.returncode}"
 
     def _stop(self) -> None:
         try:

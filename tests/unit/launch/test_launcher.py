@@ -911,9 +911,9 @@ class Request:
         self.log = log
         log.append(("asked", list(nodes)))
 
-    def wait(self, wait_s):
+    def wait(self, wait_s, done=lambda: False):
         self.log.append(("waited", wait_s))
-        return "the flight-recorder dumps were not all in within 3 s"
+        return "" if done() else "the flight-recorder dumps were not all in within 3 s"
 
 
 def test_a_failed_attempt_asks_the_live_ranks_for_their_dumps_before_the_kill(tmp_path):
@@ -977,3 +977,16 @@ def test_a_pending_dump_request_is_dropped_when_the_step_ends_by_itself(tmp_path
     launcher.request_traces = lambda nodes, run_dir: Request(log, nodes, run_dir)
     assert launcher.run() == 0
     assert log == [("asked", ["n1", "n2"]), ("waited", 0.0)]
+
+
+def test_the_dump_wait_ends_once_every_rank_has_dumped_or_ended(tmp_path):
+    run = tmp_path / "run"
+    log = []
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    failing = FailsAt(run, clock, at=1002.0)  # rank 0 ended; rank 1 dumped on its way out
+    launcher.runner.scripts = [failing, Script(run)]
+    launcher.request_traces = lambda nodes, run_dir: (
+        (run_dir / "trace.rank1.json").write_text("{}"), Request(log, nodes, run_dir))[1]
+    assert launcher.run() == 0
+    assert log == [("asked", ["n1", "n2"]), ("waited", 3.0)]
+    assert "trace_dumps_partial" not in [e["event"] for e in events(tmp_path)]

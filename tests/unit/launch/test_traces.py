@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from slurm_ft.launch.traces import TraceRequest, recorder_env
 
 
@@ -48,11 +50,26 @@ def test_a_request_that_overruns_is_stopped_at_its_deadline(tmp_path):
     popen, _ = popen_of([sys.executable, "-c", "import time; time.sleep(60)"])
     request = TraceRequest(["n1"], tmp_path, {}, popen=popen, clock=clock)
     clock.now = 2.9  # asked at 0: 0.1 s of the 3 s left
-    assert request.wait(3.0) == "the flight-recorder dumps were not all in within 3 s"
-    assert request.proc.poll() is not None
+
+    def tick(seconds):
+        clock.now += seconds
+    assert request.wait(3.0, sleep=tick) == "the flight-recorder dumps were not all in within 3 s"
+    assert request.proc.poll() is not None and clock.now == pytest.approx(3.0, abs=0.06)  # one poll late at most
 
 
 def test_a_request_without_srun_says_so(tmp_path):
     def popen(helper, **kwargs):
         raise FileNotFoundError(2, "No such file or directory", "srun")
     assert TraceRequest(["n1"], tmp_path, {}, popen=popen).wait(3.0).startswith("no srun to ask for the flight")
+
+
+def test_a_request_ends_early_once_every_rank_is_accounted_for(tmp_path):
+    clock = Clock()
+    popen, _ = popen_of([sys.executable, "-c", "import time; time.sleep(60)"])
+    request = TraceRequest(["n1"], tmp_path, {}, popen=popen, clock=clock)
+    answers = iter([False, False, True])
+
+    def tick(seconds):
+        clock.now += seconds
+    assert request.wait(3.0, done=lambda: next(answers), sleep=tick) == ""
+    assert request.proc.poll() is not None and clock.now == pytest.approx(0.1)  # two polls, not 3 s

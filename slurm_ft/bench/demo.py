@@ -6,7 +6,10 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
 
 - ``clean``: no fault; its wall time and final parameters are the reference;
 - ``kill-rank``: rank 1 is SIGKILLed mid-run: the launcher restarts the step in place;
-- ``hang``: rank 1 is SIGSTOPped: no heartbeat within the hang timeout, killed, restarted in place;
+- ``hang``: rank 1 is SIGSTOPped: no heartbeat within the hang timeout, killed, restarted in place; the ranks'
+  flight-recorder dumps name it and the collective its peer waited for it in;
+- ``stuck-loader``: rank 1 sleeps outside any collective (its data loader, say; ``--hang-at`` on the first
+  attempt): its dump shows it never entered the collective rank 0 waits in; named, restarted in place;
 - ``node-death``: the job's batch host dies (slurmd, stepds, ranks): Slurm ends the job NODE_FAIL and requeues it,
   the monitor classifies it, quarantines the node, excludes it and sets the resume hint; the job resumes elsewhere;
 - ``user-error``: the training code raises: one attempt, no requeue, the verdict in the job's Comment;
@@ -14,6 +17,9 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
   the launcher's wait for the GPUs to let go (``slurm_ft.launch.reclaim``) ends at its bound, the verdict is
   ``hardware_gpu`` naming that node and GPU, and the job swaps in its spare node (3 nodes, one spare) and finishes
   there. The lab's nodes get two fake GPUs each for it (``slurm_ft.lab.gpus``).
+- ``desync``: rank 1 calls an all-reduce the others do not (``--desync-at``, on every attempt: a bug): the ranks
+  hang in different collectives at the same sequence number; the dumps show both calls, the verdict is
+  ``user_code`` after one attempt, and no restart is taken from the budget.
 
 Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's) and
 ETTR (the clean run's wall time over each recovered run's). The verdict is the launcher's ``verdict`` event (the
@@ -42,17 +48,20 @@ from typing import Any
 from slurm_ft.classify import classify
 from slurm_ft.cluster.monitor import Monitor, MonitorConfig
 from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
+from slurm_ft.core import comment as job_comment
 from slurm_ft.core.comment import TAG
 from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.core.rundir import read_events, read_heartbeats
 from slurm_ft.core.taxonomy import Category, culprit_text
-from slurm_ft.lab.cluster import LabCluster, LabConfig
 from slurm_ft.lab import gpus as lab_gpus
-from slurm_ft.lab.faults import crash_node, fault_timing, signal_rank
+from slurm_ft.lab.cluster import LabCluster, LabConfig
+from slurm_ft.lab.faults import crash_node, fault_timing, first_attempt_only, signal_rank
 from slurm_ft.slurm.types import JobInfo, JobState
 
-SCENARIOS = ("clean", "kill-rank", "hang", "node-death", "user-error", "gpu-held")
-FAULTED = ("kill-rank", "hang", "node-death", "gpu-held")  # a fault injected from outside at the fault step
+SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held")
+INJECTED = ("kill-rank", "hang", "node-death", "gpu-held")  # the demo injects these from outside the job
+IN_TRAINER = ("stuck-loader", "desync")  # the trainer's own flags inject these; the demo says when they fire
+RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held")
 RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
 HANG_TIMEOUT = 10
@@ -115,14 +124,16 @@ def batch_script(cfg: DemoConfig, run: Run) -> str:
                "--step-time", str(cfg.step_time_s)]
     if run.name == "user-error":  # a bug in the training code: it fails the same way on every attempt
         trainer += ["--fail-at", f"1:{cfg.fault_step}"]
-    gpus = ""
+    if run.name == "desync":  # likewise: a collective only rank 1 calls, on every attempt
+        trainer += ["--desync-at", f"1:{cfg.fault_step}"]
+    command = " ".join(trainer)
+    if run.name == "stuck-loader":  # a fault of the moment: the restart runs clean
+        command = first_attempt_only(command, f"--hang-at 1:{cfg.fault_step}")
+    gpus, launch_flags = "", ""
     if run.name == "gpu-held":  # the step's GPUs (the lab's fake ones): what Slurm's --gres would give
-        gpus = "export CUDA_VISIBLE_DEVICES=0\n"
-        trainer = ["--gpu-reclaim-timeout", str(RECLAIM_TIMEOUT), "--", *trainer]
-    else:
-        trainer = ["--", *trainer]
+        gpus, launch_flags = "export CUDA_VISIBLE_DEVICES=0\n", f"--gpu-reclaim-timeout {RECLAIM_TIMEOUT} "
     return (f"#!/bin/bash\n{gpus}exec {py} -m slurm_ft.cli launch --startup-grace 40 --probe-timeout 5 "
-            f"--node-fail-wait 40 {' '.join(trainer)}\n")
+            f"--node-fail-wait 40 {launch_flags}-- {command}\n")
 
 
 def ft_flags(run: Run) -> list[str]:
@@ -179,6 +190,12 @@ def inject(lab: Any, run: Run, job: JobInfo, say: Callable[[str], None]) -> None
         run.held = (node, gpu)
         say(f"{run.name}: rank 1 of job {run.job_id} killed (SIGKILL) at step {run.fault_step}; {node} GPU {gpu} "
             "keeps its memory for good (fake NVML)")
+    elif run.name == "stuck-loader":
+        say(f"{run.name}: rank 1 of job {run.job_id} sleeps outside any collective from step {run.fault_step + 1} "
+            "on (--hang-at, first attempt only)")
+    elif run.name == "desync":
+        say(f"{run.name}: rank 1 of job {run.job_id} calls an all-reduce the others do not at step "
+            f"{run.fault_step + 1} (--desync-at: a bug, on every attempt)")
 
 
 def show_launcher_events(run: Run, say: Callable[[str], None]) -> None:
@@ -318,10 +335,11 @@ def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None
             show_launcher_events(run, say)
             if job is None:
                 continue
-            if run.name in FAULTED and run.fault_time is None:
+            if run.name in (*INJECTED, *IN_TRAINER) and run.fault_time is None:
                 progress = attempt_progress(run)
-                if progress is not None and progress[0] == 1 and progress[1] >= cfg.fault_step:
-                    run.fault_step, run.fault_time = progress[1], time.time()
+                due = cfg.fault_step - 1 if run.name in IN_TRAINER else cfg.fault_step  # the trainer's fires next
+                if progress is not None and progress[0] == 1 and progress[1] >= due:
+                    run.fault_step, run.fault_time = progress[1], _fault_time(run, progress[1])
                     inject(lab, run, job, say)
             if run.victim and run.detected_at is None and (job.restart_count > 0 or job.state is JobState.NODE_FAIL):
                 run.detected_at = time.time()
@@ -331,6 +349,15 @@ def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None
                 say(f"{run.name}: job {run.job_id} {job.state.value}")
                 pending.remove(run)
         time.sleep(0.3)
+
+
+def _fault_time(run: Run, step: int) -> float:
+    """When the fault struck: now for one the demo injects; for one the trainer injects at the start of the step after
+    ``step``, when rank 1 reached ``step`` (its heartbeat)."""
+    if run.name not in IN_TRAINER:
+        return time.time()
+    beat = next((b for b in read_heartbeats(run.run_dir) if b.rank == 1 and b.step == step), None)
+    return beat.time if beat is not None else time.time()
 
 
 def _result(path: Path) -> dict[str, Any] | None:
@@ -372,12 +399,13 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
         failed += [f"{run.name}: {what}" for what, held in checks if not held]
         wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
         same = run.result is not None and run.result.get("param_sha256") == reference
-        ratio = clean_wall / wall if wall and run.name in FAULTED and same else None
+        ratio = clean_wall / wall if wall and run.name in RECOVERING and same else None
         if ratio is not None:
             walls.append(wall)
         rows.append((run.name, verdict["category"] if verdict else "-", culprit_text(verdict) if verdict else "-",
                      _secs(timing and timing.detection_s),
-                     _secs(timing and timing.recovery_s), "-" if timing is None else str(timing.steps_lost),
+                     _secs(timing and timing.recovery_s),
+                     "-" if timing is None or timing.steps_lost is None else str(timing.steps_lost),
                      str(run.final.restart_count if run.final else "-"),
                      "-" if run.result is None else ("equal" if same else "DIFFERENT"),
                      "-" if ratio is None else f"{min(ratio, 1.0):.2f}"))
@@ -394,11 +422,18 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
     final, result = run.final, run.result or {}
     state = final.state.value if final else "gone"
     comment = final.comment if final else ""
-    if run.name == "user-error":
+    if run.name in ("user-error", "desync"):
         attempts = sum(1 for e in events if e["event"] == "attempt_start")
-        return [("ended FAILED", state == "FAILED"), ("one attempt", attempts == 1),
-                ("not requeued", final is not None and final.restart_count == 0),
-                ("verdict user_code in the Comment", comment.startswith("slurm-ft: stopped cause=user_code"))]
+        checks = [("ended FAILED", state == "FAILED"), ("one attempt", attempts == 1),
+                  ("not requeued", final is not None and final.restart_count == 0),
+                  ("verdict user_code in the Comment", comment.startswith("slurm-ft: stopped cause=user_code"))]
+        if run.name == "desync":
+            checks += [("fault injected", timing is not None),
+                       ("no restart taken from the budget", job_comment.counts(comment).get("in_place", 0) == 0
+                        and not any(e["event"] == "restart_in_place" for e in events)),
+                       ("the attempt hung (both ranks waited)", any(e["event"] == "fault_detected"
+                                                                    and e["kind"] == "hung" for e in events))]
+        return checks
     checks = [("completed", state == "COMPLETED"), ("all steps", result.get("step") == cfg.steps)]
     if run.name == "clean":
         return checks
@@ -406,11 +441,11 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
                ("params equal the clean run's", reference is not None and result.get("param_sha256") == reference),
                (f"<= {EVERY} steps lost", timing is not None and timing.steps_lost is not None
                 and 0 <= timing.steps_lost <= EVERY)]
-    if run.name in ("kill-rank", "hang"):
+    if run.name in ("kill-rank", "hang", "stuck-loader"):
         checks.append(("recovered in place", final is not None and final.restart_count == 0))
     if run.name == "gpu-held":
         checks += gpu_held_checks(run, events)
-    if run.name == "hang":
+    if run.name in ("hang", "stuck-loader"):
         checks.append((f"detected within the {HANG_TIMEOUT} s hang timeout (+5 s polling)",
                        timing is not None and timing.detection_s is not None
                        and timing.detection_s <= HANG_TIMEOUT + 5))
@@ -457,7 +492,7 @@ def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None)
     if run.name == "clean":
         return [("no verdict", verdict is None)]
     checks = [("a verdict in the design's words", verdict is not None and verdict["category"] in words)]
-    if run.name in ("kill-rank", "hang", "user-error"):
+    if run.name in ("kill-rank", "hang", "stuck-loader", "user-error", "desync"):
         node = rank_node(run, 1)
         culprit = (verdict or {}).get("culprit", {})
         checks += [(f"culprit rank 1 on {node or '?'} only", bool(node) and culprit.get("ranks") == [1]
@@ -465,8 +500,18 @@ def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None)
                    ("a verdict event in events.jsonl", any(e["event"] == "verdict" for e in events))]
     if run.name == "kill-rank":
         checks.append(("not network", verdict is not None and verdict["category"] != Category.NETWORK.value))
-    if run.name == "hang":
-        checks.append(("hang", verdict is not None and verdict["category"] == Category.HANG.value))
+    lines = list((verdict or {}).get("evidence", []))
+    traced = [line for line in lines if "[flight recorder]" in line and line.startswith("rank 1 ")]
+    if run.name in ("hang", "stuck-loader"):
+        checks += [("hang", verdict is not None and verdict["category"] == Category.HANG.value),
+                   ("rank 1 and its collective from the flight recorder", bool(traced))]
+    if run.name == "stuck-loader":
+        checks.append(("never entered the collective", any("never entered" in line for line in traced)))
+    if run.name == "desync":
+        checks += [("user_code, not recoverable", verdict is not None and verdict["category"] == "user_code"
+                    and verdict["recoverable"] is False),
+                   ("both collectives in the evidence", any("all_reduce" in line and "all_gather" in line
+                                                            for line in traced))]
     if run.name == "gpu-held":
         node = (run.held or ("?", -1))[0]
         culprit = (verdict or {}).get("culprit", {})

@@ -1,6 +1,7 @@
 """``slurm-ft bench step``: what the checkpoint manager costs per training step when it does not save.
 
     slurm-ft bench step [--ranks 1,2,4,8,16] [--steps 300] [--step-s 1.0] [--agree-every-s 2] [--out DIR]
+                        [--fr-entries 2000] [--fr-ranks 2,4] [--fr-collectives 8] [--fr-runs 2]
 
 Per rank count, real processes in a gloo group on this host each build a CheckpointManager with signal handlers
 installed (as a launched job has them; auto mode does the same all-reduce) and an interval it never reaches,
@@ -12,7 +13,15 @@ the mean). The manager's agreement is pipelined (started in one step, waited for
 per-step cost at P ranks is the median (and, spaced, the mean) over steps of the slowest rank's time. The model
 (``slurm_ft.bench.step_model``) is fitted to those and extrapolated to 1k-16k ranks as a fraction of a --step-s
 step. With more ranks than cores the processes share cores: the 4- to 16-rank figures include
-context switches. Outputs: the tables on stdout, step.json in --out.
+context switches.
+
+The flight recorder's cost (``slurm-ft launch`` turns it on: ``TORCH_FR_BUFFER_SIZE``, ``slurm_ft.launch.traces``),
+beside the bare step: at each of --fr-ranks, --fr-runs runs with the recorder off and as many with --fr-entries
+entries, in turn (off, on, off, on: a drift of the host hits both), each --steps steps of --fr-collectives gloo
+all-reduces of 1 KiB after the --compute-ms sleep; per step the slowest rank's wall time for the collectives and the
+ranks' mean CPU time (all threads: what a host busy with other work inflates least). The overhead is the median with
+the recorder on minus the median with it off; the noise the larger spread of the off and of the on runs
+(``step_model.recorder_row``). Outputs: the tables on stdout, step.json in --out.
 """
 
 from __future__ import annotations
@@ -84,6 +93,64 @@ def _time_steps(plan: dict[str, Any], agree_every_s: float, bare: Any) -> dict[s
     return times
 
 
+def _recorder_worker(rank: int, world: int, plan: dict[str, Any], out: str) -> None:
+    """One rank of a flight-recorder run: the recorder is on or off by the environment it was spawned with."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300))
+    tensor = torch.ones(256)
+    times = []
+    for i in range(plan["warmup"] + plan["steps"]):
+        time.sleep(plan["compute_s"])
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(plan["collectives"]):
+            dist.all_reduce(tensor)
+        if i >= plan["warmup"]:
+            times.append((time.perf_counter() - start, time.process_time() - cpu))
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, times)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def recorder_run(world: int, plan: dict[str, Any], entries: int) -> dict[str, float]:
+    """One run of ``world`` ranks with ``entries`` recorder entries (0: off): the median step's wall time (the
+    slowest rank's) and CPU time (the ranks' mean)."""
+    import torch.multiprocessing as mp
+
+    from slurm_ft.bench.checkpoint_bench import _free_port
+
+    saved = {k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), TORCH_FR_BUFFER_SIZE=str(entries))
+    os.environ.pop("TORCH_NCCL_TRACE_BUFFER_SIZE", None)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-fr-") as tmp:
+            out = Path(tmp) / "times.json"
+            mp.spawn(_recorder_worker, args=(world, plan, str(out)), nprocs=world)
+            ranks = json.loads(out.read_text())
+            wall = slowest_rank([[w for w, _ in steps] for steps in ranks])
+            cpu = [statistics.fmean(step) for step in zip(*[[c for _, c in steps] for steps in ranks])]
+            return {"wall_s": statistics.median(wall), "cpu_s": statistics.median(cpu)}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def measure_recorder(world: int, plan: dict[str, Any], entries: int, runs: int) -> dict[str, Any]:
+    """Off and on runs in turn at ``world`` ranks (``step_model.recorder_row``)."""
+    off, on = [], []
+    for _ in range(runs):
+        off.append(recorder_run(world, plan, 0))
+        on.append(recorder_run(world, plan, entries))
+    return sm.recorder_row(world, entries, plan["collectives"], off, on)
+
+
 def slowest_rank(per_rank: list[list[float]]) -> list[float]:
     """Per step, the slowest rank's time (the step waits for it)."""
     return [max(step) for step in zip(*per_rank)]
@@ -109,7 +176,7 @@ def measure(world: int, plan: dict[str, Any]) -> dict[str, Any]:
             "allreduce_s": statistics.median(bare)}
 
 
-def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
+def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path, dict[str, Any]]:
     p = argparse.ArgumentParser(prog="slurm-ft bench step", description="What the checkpoint manager's one all-reduce per step costs at 1-16 gloo "
                                             "ranks, modelled to 1k-16k ranks.")
     p.add_argument("--ranks", default="1,2,4,8,16", help="rank counts, comma separated (default 1,2,4,8,16)")
@@ -123,6 +190,11 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
     p.add_argument("--hop-us", type=float, default=30.0,
                    help="assumed network hop for the what-if table, microseconds (default 30)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    p.add_argument("--fr-entries", type=int, default=2000,
+                   help="flight-recorder entries for its cost (slurm-ft launch's default 2000; 0 skips it)")
+    p.add_argument("--fr-ranks", default="2,4", help="rank counts the flight recorder is measured at (default 2,4)")
+    p.add_argument("--fr-collectives", type=int, default=8, help="all-reduces per step in those runs (default 8)")
+    p.add_argument("--fr-runs", type=int, default=2, help="runs with the recorder off and on, each (default 2)")
     args = p.parse_args(argv)
     try:
         ranks = tuple(int(r) for r in args.ranks.split(","))
@@ -133,22 +205,38 @@ def parse(argv: list[str] | None) -> tuple[sm.StepConfig, Path]:
                                hop_us=args.hop_us, compute_ms=args.compute_ms, agree_every_s=args.agree_every_s)
     except ConfigError as exc:
         p.error(str(exc))
-    return config, args.out
+    try:
+        fr_ranks = tuple(int(r) for r in args.fr_ranks.split(",")) if args.fr_entries > 0 else ()
+    except ValueError:
+        p.error(f"--fr-ranks must be integers, got {args.fr_ranks!r}")
+    if args.fr_entries < 0 or args.fr_collectives < 1 or args.fr_runs < 1 or any(r < 1 for r in fr_ranks):
+        p.error(f"--fr-entries must be >= 0, --fr-collectives, --fr-runs and --fr-ranks >= 1, got {args.fr_entries}, "
+                f"{args.fr_collectives}, {args.fr_runs}, {args.fr_ranks!r}")
+    recorder = {"entries": args.fr_entries, "ranks": fr_ranks, "collectives": args.fr_collectives,
+                "runs": args.fr_runs}
+    return config, args.out, recorder
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    config, out = parse(argv)
+    config, out, recorder = parse(argv)
     plan = {"steps": config.steps, "warmup": config.warmup, "compute_s": config.compute_ms / 1e3,
             "agree_every_s": config.agree_every_s}
     measured = []
     for world in config.ranks:
         print(f"{world} rank(s)...", file=sys.stderr, flush=True)
         measured.append(measure(world, plan))
+    recorded = []
+    for world in recorder["ranks"]:
+        print(f"flight recorder, {world} rank(s)...", file=sys.stderr, flush=True)
+        recorded.append(measure_recorder(world, {**plan, "collectives": recorder["collectives"]},
+                                         recorder["entries"], recorder["runs"]))
     host = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform()}
     data = sm.payload(config, measured, host)
+    if recorded:
+        data["flight_recorder"] = recorded
     print(sm.render(data))
     out.mkdir(parents=True, exist_ok=True)
     (out / "step.json").write_text(json.dumps(data, indent=2) + "\n")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,6 +175,52 @@ def payload(config: StepConfig, measured: Sequence[dict[str, Any]], host: dict[s
             "what_if": what, "target": target(what, config.step_s)}
 
 
+def recorder_row(ranks: int, entries: int, collectives: int, off: Sequence[dict[str, float]],
+                 on: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """The flight recorder's cost at ``ranks`` from runs taken in turn with it off and on (``entries``), each run a
+    ``{"wall_s", "cpu_s"}``: the median step's collectives, wall time of the slowest rank and CPU time of the ranks
+    (all their threads; what a host busy with other work inflates least). Overhead: the median over the on runs
+    minus the median over the off runs; noise: the larger spread of the off and of the on runs."""
+    require(bool(off) and bool(on), "runs", "needs at least one run with the recorder off and one on")
+    row: dict[str, Any] = {"ranks": ranks, "entries": entries, "collectives": collectives,
+                           "runs_off": list(off), "runs_on": list(on)}
+    for key in ("wall", "cpu"):
+        offs, ons = [r[f"{key}_s"] for r in off], [r[f"{key}_s"] for r in on]
+        row[f"{key}_off_s"], row[f"{key}_on_s"] = statistics.median(offs), statistics.median(ons)
+        row[f"{key}_overhead_s"] = row[f"{key}_on_s"] - row[f"{key}_off_s"]
+        row[f"{key}_per_collective_s"] = row[f"{key}_overhead_s"] / max(1, collectives)
+        row[f"{key}_noise_s"] = max(max(offs) - min(offs), max(ons) - min(ons))
+    return row
+
+
+def noise_verdict(overhead_s: float, noise_s: float) -> str:
+    """``within the noise``, ``above the noise`` (a cost), or ``below the noise`` (faster with it on: the host)."""
+    if abs(overhead_s) <= noise_s:
+        return "within the noise"
+    return "above the noise" if overhead_s > 0 else "below the noise (faster with it on: the host's noise)"
+
+
+def render_recorder(rows: Sequence[dict[str, Any]], compute_ms: float) -> str:
+    """The flight recorder's section of the report."""
+    from slurm_ft.bench.report import Column, records_table
+
+    if not rows:
+        return ""
+    us = lambda key: (lambda r: r[key] * 1e6)  # noqa: E731
+    head = (f"flight recorder (TORCH_FR_BUFFER_SIZE={rows[0]['entries']}): a step's {rows[0]['collectives']} "
+            f"gloo all-reduces after {compute_ms:g} ms of compute, median step of {len(rows[0]['runs_off'])} runs "
+            "each with it off and on, taken in turn; wall: the slowest rank, CPU: the ranks' own")
+    columns: dict[Any, Any] = {"ranks": "ranks"}
+    for key, name in (("wall", "wall"), ("cpu", "CPU")):
+        columns.update({Column(f"{name} bare us", ".1f"): us(f"{key}_off_s"),
+                        Column(f"{name} on us", ".1f"): us(f"{key}_on_s"),
+                        Column(f"{name} +us/collective", "+.2f"): us(f"{key}_per_collective_s"),
+                        Column(f"{name} noise us", ".1f"): us(f"{key}_noise_s")})
+    verdicts = [f"{r['ranks']} rank(s): wall {noise_verdict(r['wall_overhead_s'], r['wall_noise_s'])}, CPU "
+                f"{noise_verdict(r['cpu_overhead_s'], r['cpu_noise_s'])}" for r in rows]
+    return "\n".join([head, records_table(list(rows), columns), *verdicts])
+
+
 def render(data: dict[str, Any]) -> str:
     """The terminal report: measured costs, the fits, the extrapolation and the target."""
     from slurm_ft.bench.report import Column, records_table
@@ -206,4 +253,6 @@ def render(data: dict[str, Any]) -> str:
                       Column("ring % of step", ".3%"): "ring_fraction"})]
     t = data["target"]
     lines.append(f"target: {t['target']}: {'met' if t['met'] else 'NOT met'} ({t['fraction']:.4%})")
+    if data.get("flight_recorder"):
+        lines += ["", render_recorder(data["flight_recorder"], data["config"].get("compute_ms", 0.0))]
     return "\n".join(lines)

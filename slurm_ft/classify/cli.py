@@ -8,7 +8,9 @@ Whose log is it (``--log``, ``--kmsg``):
 - ``rank=3,node=n2:PATH``  rank 3's log, written on n2
 
 A path that really starts like that is written ``./3:file``. ``--kmsg [node=NAME:]PATH`` is a kernel log
-(dmesg / journal); without ``node=`` it belongs to ``--node``. Exit status 0 with a verdict; 2 when an input
+(dmesg / journal); without ``node=`` it belongs to ``--node``. ``--trace DIR`` reads the ranks' flight-recorder
+dumps (``trace.rank<R>.json``) of a run dir or of one attempt's folder (``<run_dir>/attempt-N``); where the folder
+holds the hung attempt's node reports (``hang.rank<R>.json``) it is judged as the launcher judged that hang. Exit status 0 with a verdict; 2 when an input
 cannot be read or parsed (one line naming it).
 """
 
@@ -22,12 +24,13 @@ import signal as signal_mod
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.classify.collectives import parse_trace
 from slurm_ft.classify.engine import classify, explain
 from slurm_ft.classify.records import UNKNOWN_RANK, Evidence, JobEnd, LogTail, NodeEvent, error_record_from_dict
 from slurm_ft.classify.rules import load_rules
 from slurm_ft.core.config import load_site_config
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.core.rundir import ERROR_GLOB
+from slurm_ft.core.rundir import ERROR_GLOB, TRACE_GLOB, read_rank_states, read_trace_dicts
 from slurm_ft.core.taxonomy import Verdict
 from slurm_ft.health.records import NodeReport, XidEvent, snapshot_from_dict
 from slurm_ft.slurm.types import JobState
@@ -47,6 +50,8 @@ def register(subparsers: Any, name: str) -> None:
     p.add_argument("--error-file", action="append", default=[], metavar="[rank=N,][node=NAME:]PATH",
                    help="a rank error file (error.rankN.json), a run directory holding them, or a torch elastic "
                         "error file (TORCHELASTIC_ERROR_FILE; rank= and node= say whose) (repeatable)")
+    p.add_argument("--trace", metavar="DIR", help="a run dir or attempt folder holding the ranks' flight-recorder "
+                                                  "dumps (trace.rank<R>.json) and, for a hung attempt, hang.rank<R>.json")
     p.add_argument("--kmsg", action="append", default=[], metavar="[node=NAME:]PATH",
                    help="a kernel log: dmesg / journalctl -k output (repeatable)")
     p.add_argument("--slurm-state", metavar="STATE", help="the job's end state, e.g. FAILED, NODE_FAIL, TIMEOUT")
@@ -97,8 +102,9 @@ def build_evidence(args: argparse.Namespace) -> Evidence:
     kmsg = list(base.kmsg) + [XidEvent(node=args.node, xid=x, source="cli", text=f"Xid {x} (command line)")
                               for x in args.xid]
     nodes = [_node_event(spec) for spec in args.node_event]
+    traces, hang = _traces(args.trace) if getattr(args, "trace", None) else ((), ())
     return Evidence(job=base.job, nodes=tuple(nodes), nvml=tuple(nvml), kmsg=tuple(kmsg), errors=tuple(errors),
-                    logs=tuple(logs), in_allocation=args.in_allocation)
+                    logs=tuple(logs), traces=traces, hang=hang, in_allocation=args.in_allocation)
 
 
 def format_verdict(v: Verdict) -> str:
@@ -249,6 +255,16 @@ def _error_records(spec: str) -> list:
                                "message; torch elastic's a message)")
         records.append(record)
     return records
+
+
+def _traces(path: str) -> tuple[tuple, tuple]:
+    """The dumps of a run dir or attempt folder, and its hung attempt's node reports (none: not a hang)."""
+    if not Path(path).is_dir():
+        raise SlurmFtError(f"--trace {path!r}: not a directory (give the run dir or an attempt-N folder)")
+    traces = tuple(t for t in (parse_trace(d) for d in read_trace_dicts(path)) if t is not None)
+    if not traces:
+        raise SlurmFtError(f"--trace {path!r}: no flight-recorder dump ({TRACE_GLOB}) in it")
+    return traces, tuple(read_rank_states(path))
 
 
 def _snapshots(path: str) -> list:

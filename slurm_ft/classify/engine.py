@@ -23,7 +23,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Iterator, Sequence
 
-from slurm_ft.classify import metrics
+from slurm_ft.classify import collectives, metrics
 from slurm_ft.classify.records import Evidence, JobEnd, LogTail, NodeEvent
 from slurm_ft.classify.rules import Rule, Rules, default_rules
 from slurm_ft.classify.scan import LineHit, lower_same_length
@@ -140,6 +140,9 @@ class _Context:
             if tail.rank is not None and tail.node:
                 self.rank_node.setdefault(tail.rank, tail.node)
         self._add_ends(evidence.ends)
+        for where in (*evidence.hang, *evidence.traces):
+            if where.host:
+                self.rank_node.setdefault(where.rank, where.host)
 
     def _add_ends(self, ends: Iterable[RankEnd]) -> None:
         """The wrapper's end records: where each rank ran, its pid, and when it failed (the earlier of its error
@@ -217,6 +220,7 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
         findings += _log_findings(tail, ctx, rules, xids, scan)
     findings += _end_findings(evidence, ctx, rules, xids, scan)
     findings += _hang_findings(evidence.hang)
+    findings += _trace_findings(evidence)
     findings += _xid_findings(xids, ctx, rules)
     for i, f in enumerate(findings):
         f.order = i
@@ -721,6 +725,32 @@ def _stuck_reason(s: RankState) -> str:
     else:
         return ""
     return why
+
+
+# ---- the ranks' flight-recorder dumps (slurm_ft.classify.collectives) ----------------------------------------------
+# A desync (calls that differ at one sequence number) is the training code's: it decides over a hang (it explains
+# it) and over rank errors (the ranks that failed on it), and a restart would only repeat it. For a hung attempt the
+# dumps say whom the others waited for: a rank that never entered the collective, one that did not answer (stopped,
+# gone; weak when nothing says it is stuck), or one node's ranks that did not answer while all others sit in the
+# collective (its network). They come before the heartbeat and stack findings (same band, one point higher).
+_TRACE_RULES = {
+    "desync": Rule(id="trace:desync", category=Category.USER_CODE, priority=80, confidence=0.9),
+    "desync_unsure": Rule(id="trace:desync", category=Category.USER_CODE, priority=80, confidence=0.6),
+    "network": Rule(id="trace:network", category=Category.NETWORK, priority=77, confidence=0.6),
+    "never_entered": Rule(id="trace:never_entered", category=Category.HANG, priority=76, confidence=0.9),
+    "silent_stuck": Rule(id="trace:silent_stuck", category=Category.HANG, priority=76, confidence=0.9),
+    "silent": Rule(id="trace:silent", category=Category.HANG, priority=76, confidence=0.5),
+    "all_waiting": Rule(id="trace:all_waiting", category=Category.HANG, priority=75, confidence=0.5, blame=False),
+}
+
+
+def _trace_findings(evidence: Evidence) -> list[Finding]:
+    found = []
+    for clue in collectives.clues(evidence.traces, evidence.hang, hung=bool(evidence.hang)):
+        rule = _TRACE_RULES["desync_unsure" if clue.kind == "desync" and not clue.sure else clue.kind]
+        for rank in clue.ranks or (None,):
+            found.append(Finding(rule, clue.text, "trace", node=clue.node if rank is None else "", rank=rank))
+    return found
 
 
 # ---- reduction -----------------------------------------------------------------------------------------------

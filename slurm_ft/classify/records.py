@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slurm_ft.classify.collectives import RankTrace
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
 from slurm_ft.health.records import GpuHold, NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, NodeInfo
@@ -97,6 +98,8 @@ class Evidence:
     per-rank wrapper); ``hang`` is set only for an attempt the launcher found hung: every rank's state then.
     ``held_gpus``: GPUs that still held the failed attempt's processes when the launcher's wait for their release
     ended (NVML, read on their nodes: ``slurm_ft.launch.reclaim``).
+    ``traces`` are the ranks' flight-recorder dumps (``slurm_ft.classify.collectives``), the job's word: they may
+    name its ranks and nodes, never strike a node.
     """
 
     job: JobEnd | None = None
@@ -107,11 +110,12 @@ class Evidence:
     logs: tuple[LogTail, ...] = ()
     ends: tuple[RankEnd, ...] = ()
     hang: tuple[RankState, ...] = ()
+    traces: tuple[RankTrace, ...] = ()
     in_allocation: bool = False
     held_gpus: tuple[GpuHold, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang", "held_gpus"):
+        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang", "held_gpus", "traces"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import fcntl
 import json
 import logging
 import os
@@ -53,18 +54,18 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.classify import classify
-from slurm_ft.cluster.metrics import serve
-from slurm_ft.cluster.quarantine import Quarantine, QuarantineConfig, QuarantineStore, default_db_path
-from slurm_ft.cluster.quarantine import parse_slurm_user
-from slurm_ft.cluster.quarantine import require_privileged
-from slurm_ft.cluster import stop_note
-from slurm_ft.health.jobfiles import read_error_files
-from slurm_ft.health.records import NodeReport
-from slurm_ft.slurm.backend import make_client
-import fcntl
 from slurm_ft.classify.records import Evidence, JobEnd, NodeEvent, error_record_from_dict
-from slurm_ft.cluster.metrics import Metrics
-from slurm_ft.cluster.quarantine import StoreCorrupt
+from slurm_ft.cluster import stop_note
+from slurm_ft.cluster.metrics import Metrics, serve
+from slurm_ft.cluster.quarantine import (
+    Quarantine,
+    QuarantineConfig,
+    QuarantineStore,
+    StoreCorrupt,
+    default_db_path,
+    parse_slurm_user,
+    require_privileged,
+)
 from slurm_ft.core import comment as job_comment
 from slurm_ft.core import config as ft_config
 from slurm_ft.core import env
@@ -73,7 +74,9 @@ from slurm_ft.core.config import require
 from slurm_ft.core.errors import SlurmCommandError, SlurmFtError
 from slurm_ft.core.registry import FtJob, registry_path
 from slurm_ft.core.taxonomy import Action, Verdict
-from slurm_ft.health.jobfiles import latest_step, read_trusted_json
+from slurm_ft.health.jobfiles import latest_step, read_error_files, read_trusted_json
+from slurm_ft.health.records import NodeReport
+from slurm_ft.slurm.backend import make_client
 from slurm_ft.slurm.types import JobInfo, JobState, NodeInfo, SlurmClient
 
 log = logging.getLogger("slurm_ft.cluster.monitor")

@@ -37,6 +37,13 @@ GPU_RECLAIM_TIMEOUT = "GPU_RECLAIM_TIMEOUT"  # seconds the launcher waits for a 
 JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR,
                 EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE, RUN_ID, CKPT_ADOPT, GPU_RECLAIM_TIMEOUT)
 
+# torch's flight recorder (the ranks' collectives, slurm_ft.train.traces): ``slurm-ft launch`` sets each one the job's
+# environment does not already set (the user's value wins).
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"        # entries in each rank's ring buffer (0: off)
+FR_BUFFER_SIZE_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"  # its older name, still read by torch when the new one is unset
+FR_DUMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"       # where NCCL's own dumps go (the rank is appended)
+NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"  # "1": NCCL's watchdog dumps the recorder on a timeout
+
 # Process-wide settings.
 SITE_CONFIG = "SLURM_FT_CONFIG"            # path of the site config; default DEFAULT_SITE_CONFIG
 DEFAULT_SITE_CONFIG = "/etc/slurm-ft/config.toml"

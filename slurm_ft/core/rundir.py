@@ -16,6 +16,12 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
   topology check compares it with the rank's previous attempt's (``attempt-<N>/gpu.rank<R>.json``).
 - ``reclaim.<node>.json``: after a failed attempt, whether that node's GPUs let go of the attempt's processes
   within the launcher's bound (``slurm_ft.launch.reclaim``), written by a helper on the node.
+- ``trace.rank<R>.json``: the rank's collectives as torch's flight recorder saw them (``TORCH_FR_BUFFER_SIZE``):
+  ``{"rank", "host", "pid", "time", "reason", "fr"}``, ``fr`` being ``_dump_fr_trace_json``'s dict, written by the
+  rank itself (``slurm_ft.train.traces``) on ``TRACE_SIGNAL`` (a hung or failed attempt, before the kill) or when it
+  dies of an exception; read by the classifier (``slurm_ft.classify.collectives``), never unpickled or executed.
+  ``nccl_trace.rank<R>``: NCCL's own dump on a watchdog timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``, a pickle): for
+  the user's ``python -m torch.distributed.flight_recorder.fr_trace``, never read by slurm-ft.
 - ``events.jsonl``: the launcher's events, one JSON object a line (``{"event", "time", ...}``: ``attempt_start``,
   ``fault_detected``, ``verdict``, ``exit`` ...), appended by the launcher and, for a stop the monitor decides after
   the job ended, by the monitor's child as the job's user (``slurm_ft.cluster.stop_note``); read by
@@ -52,12 +58,18 @@ HANG_GLOB = "hang.rank*.json"
 STACK_GLOB = "stack.rank*.txt"
 GPU_GLOB = "gpu.rank*.json"
 RECLAIM_GLOB = "reclaim.*.json"
+TRACE_GLOB = "trace.rank*.json"
+NCCL_TRACE_PREFIX = "nccl_trace.rank"  # TORCH_FR_DUMP_TEMP_FILE: NCCL appends the rank
+NCCL_TRACE_GLOB = NCCL_TRACE_PREFIX + "*"
+MAX_TRACE_BYTES = 16 << 20  # a trace file larger than this is no evidence (2000 entries are ~1 MiB)
 _RANK_RE = re.compile(r"\.rank(\d+)\.json$")
 RUN_SUBDIR = ".slurm-ft"
 EVENTS_FILE = "events.jsonl"
 PRIVATE_DIR = 0o700  # the run dir and its folders: the job's user's alone (root reads it anyway)
 PRIVATE_FILE = 0o600  # every file in it (events.jsonl names the store's port, end records hold stderr)
 STACK_SIGNAL = signal.SIGRTMIN + 2  # a rank's faulthandler writes its stacks on it (sent only to ranks announcing it)
+UNREAD_STATE = "?"  # a RankState whose node did not report (its helper did not run there, or timed out)
+TRACE_SIGNAL = signal.SIGRTMIN + 3  # a rank dumps its flight recorder on it (sent only to ranks announcing it)
 
 
 def node_name(environ: Mapping[str, str] | None = None) -> str:
@@ -95,6 +107,10 @@ def gpu_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / f"gpu.rank{rank}.json"
 
 
+def trace_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
+    return Path(run_dir) / f"trace.rank{rank}.json"
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
     rank: int
@@ -105,6 +121,7 @@ class Heartbeat:
     alive: float | None = None  # the liveness thread's last beat; None: the writer has no liveness thread
     stack_signal: int | None = None  # the signal that makes the rank write its Python stacks (faulthandler)
     done: bool = False  # the rank finished its loop (HeartbeatWriter.close, or its process exiting): no more steps
+    trace_signal: int | None = None  # the signal that makes the rank dump its flight recorder (slurm_ft.train.traces)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -291,6 +308,26 @@ def read_gpu_bindings(run_dir: str | os.PathLike[str]) -> list[GpuBinding]:
 def read_rank_states(run_dir: str | os.PathLike[str]) -> list[RankState]:
     return sorted((r for r in _read_all(Path(run_dir), HANG_GLOB, RankState) if _well_typed(r)),
                   key=lambda r: r.rank)
+
+
+def read_trace_dicts(run_dir: str | os.PathLike[str], max_bytes: int = MAX_TRACE_BYTES) -> list[dict[str, Any]]:
+    """The trace files' JSON objects, by file name (regular files only, each at most ``max_bytes``, its ``rank`` the
+    one its name says; a torn, foreign or oversized file is skipped). As the job's user: root reads a job's files
+    through ``slurm_ft.health.jobfiles`` only, and slurm-ft's root code reads no trace."""
+    found = []
+    for path in sorted(Path(run_dir).glob(TRACE_GLOB)):
+        named = _RANK_RE.search(path.name)
+        if not named or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            if path.stat().st_size > max_bytes:
+                continue
+            data = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict) and data.get("rank") == int(named.group(1)):  # its name and its word agree
+            found.append(data)
+    return found
 
 
 _TYPES = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}

@@ -23,9 +23,11 @@ class Fault(str, enum.Enum):
     KILL_RANK = "kill-rank"  # SIGKILL one rank mid-step (--crash-at)
     HANG = "hang"  # one rank stops making progress (--hang-at)
     USER_ERROR = "user-error"  # an exception in the training code (--fail-at)
+    DESYNC = "desync"  # one rank calls a collective the others do not (--desync-at): a bug, on every attempt
 
 
-_FLAG = {Fault.KILL_RANK: "--crash-at", Fault.HANG: "--hang-at", Fault.USER_ERROR: "--fail-at"}
+_FLAG = {Fault.KILL_RANK: "--crash-at", Fault.HANG: "--hang-at", Fault.USER_ERROR: "--fail-at",
+         Fault.DESYNC: "--desync-at"}
 
 
 def trainer_flags(fault: Fault, rank: int, step: int) -> str:

@@ -29,6 +29,7 @@ from slurm_ft.launch.probe import ProbeConfig, probe_nodes
 from slurm_ft.launch.rank_env import is_torchrun
 from slurm_ft.launch.reclaim import ReclaimConfig, Reclaimed, reclaim_on_nodes
 from slurm_ft.launch.store import StoreKeeper
+from slurm_ft.launch.traces import DEFAULT_ENTRIES, TraceRequest
 from slurm_ft.slurm.address import master_addr, node_addr
 from slurm_ft.slurm.backend import make_client
 from slurm_ft.slurm.parsers import expand_hostlist
@@ -71,6 +72,10 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
     parser.add_argument("--preempt-deadline", type=float,
                         help="seconds the ranks get to save after SIGUSR1/SIGTERM (default $SLURM_FT_PREEMPT_DEADLINE "
                              "or 25; on SIGTERM at most KillWait - 5)")
+    parser.add_argument("--flight-recorder", type=int, default=DEFAULT_ENTRIES, metavar="ENTRIES",
+                        help="entries of torch's flight recorder per rank (TORCH_FR_BUFFER_SIZE, unless the job sets "
+                             f"it); the ranks dump it before a hung or failed attempt is killed (0 off; default "
+                             f"{DEFAULT_ENTRIES})")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     parser.set_defaults(func=_main)
 
@@ -124,7 +129,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             rank_records=not getattr(args, "no_rank_records", False),
                             standby=not getattr(args, "no_standby", False),
                             launcher_store=not getattr(args, "no_launcher_store", False),
-                            gpu_bind=not getattr(args, "no_gpu_bind", False), gpu_reclaim_timeout_s=reclaim)
+                            gpu_bind=not getattr(args, "no_gpu_bind", False), gpu_reclaim_timeout_s=reclaim,
+                            flight_recorder=getattr(args, "flight_recorder", DEFAULT_ENTRIES))
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 
@@ -205,7 +211,8 @@ def _main(args: argparse.Namespace) -> int:
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
                         latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
-                        store=store_keeper(config, allocation, environ), bell=bell_for(environ), reclaim=reclaim)
+                        store=store_keeper(config, allocation, environ), bell=bell_for(environ), reclaim=reclaim,
+                        request_traces=lambda nodes, run_dir: TraceRequest(nodes, run_dir, environ))
     return launcher.run()
 
 

@@ -4,8 +4,10 @@ The launcher runs ``python -m slurm_ft.launch.hang --run-dir DIR`` as one task p
 (``srun --overlap``, beside the hung step). On its node, for every rank whose heartbeat names that node, it reads
 the process state from ``/proc/<pid>/stat`` (``T`` stopped, ``D`` uninterruptible ...) and ``wchan``, asks the rank
 for its Python stacks (the signal its heartbeat announces: faulthandler writes ``stack.rank<R>.txt``; ``py-spy
-dump`` where installed, for a rank that cannot answer: stopped, uninterruptible, or without the handler), and
-writes ``hang.rank<R>.json`` (``slurm_ft.core.rundir.RankState``). The launcher then adds what only it knows
+dump`` where installed, for a rank that cannot answer: stopped, uninterruptible, or without the handler) and for its
+flight-recorder dump (``trace.rank<R>.json``, ``slurm_ft.train.traces``), waiting at most ``STACK_WAIT_S`` for them,
+and writes ``hang.rank<R>.json`` (``slurm_ft.core.rundir.RankState``). ``--traces-only`` asks for the dumps alone:
+the launcher runs it over a failed attempt before the kill. The launcher then adds what only it knows
 (each rank's liveness and last step, on its own clock) and judges. Nothing here kills anything.
 """
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from slurm_ft.core import rundir as records
 
-UNREAD = "?"  # the rank's node did not report (no helper ran there, or it timed out)
+UNREAD = records.UNREAD_STATE  # the rank's node did not report (no helper ran there, or it timed out)
 _ANSWERING = frozenset({"R", "S"})  # states in which a rank runs its faulthandler at once
 STACK_WAIT_S = 2.0
 PYSPY_TIMEOUT_S = 10.0
@@ -47,22 +49,10 @@ def proc_state(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, str]:
 def inspect_node(run_dir: Path, node: str, *, send: Callable[[int, int], None] = os.kill,
                  pyspy: str | None = None, sleep: Callable[[float], None] = time.sleep,
                  proc_root: Path = Path("/proc")) -> list[records.RankState]:
-    """Read, ask for stacks of, and record every rank of ``node`` (its heartbeats say which)."""
+    """Read, ask for stacks and flight-recorder dumps of, and record every rank of ``node`` (its heartbeats say
+    which)."""
     beats = [b for b in records.read_heartbeats(run_dir) if b.host == node and b.pid > 0]
-    asked = []
-    for beat in beats:
-        state, _ = proc_state(beat.pid, proc_root)
-        if beat.stack_signal and state in _ANSWERING:
-            try:
-                send(beat.pid, beat.stack_signal)
-                asked.append(beat.rank)
-            except OSError:
-                continue
-    waited = 0.0
-    while asked and waited < STACK_WAIT_S:  # faulthandler writes from the signal handler at once
-        asked = [rank for rank in asked if not _has_stack(records.stack_path(run_dir, rank))]
-        sleep(0.05)
-        waited += 0.05
+    _wait_for(_ask(run_dir, beats, send, proc_root, stacks=True), sleep)
     found = []
     for beat in beats:
         state, wchan = proc_state(beat.pid, proc_root)
@@ -76,6 +66,64 @@ def inspect_node(run_dir: Path, node: str, *, send: Callable[[int, int], None] =
         records.write_rank_state(run_dir, record)
         found.append(record)
     return found
+
+
+def dump_traces(run_dir: Path, node: str, *, send: Callable[[int, int], None] = os.kill,
+                sleep: Callable[[float], None] = time.sleep, proc_root: Path = Path("/proc")) -> list[int]:
+    """Only ask ``node``'s ranks for their flight-recorder dumps (a failed attempt, before the kill); the ranks that
+    dumped."""
+    beats = [b for b in records.read_heartbeats(run_dir) if b.host == node and b.pid > 0]
+    asked = _ask(run_dir, beats, send, proc_root, stacks=False)
+    _wait_for(asked, sleep)
+    return sorted(rank for rank, done in asked if done())
+
+
+def _ask(run_dir: Path, beats: Sequence[records.Heartbeat], send: Callable[[int, int], None], proc_root: Path, *,
+         stacks: bool) -> list[tuple[int, Callable[[], bool]]]:
+    """Send each answering rank the signals its heartbeat announces; per signal sent, (rank, whether it answered)."""
+    asked = []
+    for beat in beats:
+        state, _ = proc_state(beat.pid, proc_root)
+        if state not in _ANSWERING:
+            continue
+        wanted = [(beat.stack_signal, records.stack_path(run_dir, beat.rank), stacks),
+                  (beat.trace_signal, records.trace_path(run_dir, beat.rank), True)]
+        for signum, path, on in wanted:
+            if not (on and signum):
+                continue
+            before = _mtime(path)
+            try:
+                send(beat.pid, signum)
+            except OSError:
+                continue
+            asked.append((beat.rank, lambda path=path, before=before: _written_since(path, before)))
+    return asked
+
+
+def _wait_for(asked: Sequence[tuple[int, Callable[[], bool]]], sleep: Callable[[float], None]) -> None:
+    """Until every asked rank answered, at most ``STACK_WAIT_S`` (faulthandler and the dump thread answer at once)."""
+    waited = 0.0
+    pending = list(asked)
+    while pending and waited < STACK_WAIT_S:
+        pending = [(rank, done) for rank, done in pending if not done()]
+        sleep(0.05)
+        waited += 0.05
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _written_since(path: Path, before: int | None) -> bool:
+    """A non-empty file at ``path`` that is not the one seen before the signal."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_size > 0 and st.st_mtime_ns != before
 
 
 _COLLECTIVE_FRAMES = ("torch/distributed/", "torch\\distributed\\", "c10d")
@@ -134,11 +182,12 @@ class HangEvidenceConfig:
             raise ValueError(f"timeout_s: must be within (0, 300] seconds, got {self.timeout_s!r}")
 
 
-def helper_argv(nodes: Sequence[str], run_dir: Path) -> list[str]:
-    """One helper task on each node, beside the hung step."""
+def helper_argv(nodes: Sequence[str], run_dir: Path, *, traces_only: bool = False) -> list[str]:
+    """One helper task on each node, beside the hung (or failed) step."""
     return ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
             f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", "--kill-on-bad-exit=0",
-            sys.executable, "-m", "slurm_ft.launch.hang", "--run-dir", str(run_dir)]
+            sys.executable, "-m", "slurm_ft.launch.hang", "--run-dir", str(run_dir),
+            *(["--traces-only"] if traces_only else [])]
 
 
 def gather_on_nodes(nodes: Sequence[str], run_dir: Path, environ: Mapping[str, str],
@@ -174,8 +223,14 @@ def rank_states(ranks: int, beats: Sequence[records.Heartbeat], read: Sequence[r
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurm_ft.launch.hang", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--traces-only", action="store_true", help="only ask the ranks for their flight-recorder "
+                                                                   "dumps (a failed attempt)")
     args = parser.parse_args(argv)
     node = records.node_name()
+    if args.traces_only:
+        dumped = dump_traces(args.run_dir, node)
+        print(f"slurm-ft: flight-recorder dumps on {node}: ranks {dumped or 'none'}", file=sys.stderr)
+        return 0
     for state in inspect_node(args.run_dir, node, pyspy=shutil.which("py-spy")):
         print(f"slurm-ft: hang evidence: rank {state.rank} on {node}: state {state.state or 'gone'}"
               + (f", stacks in {state.stack}" if state.stack else ""), file=sys.stderr)

@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from slurm_ft.classify import collectives
 from slurm_ft.classify.engine import victims_view
 from slurm_ft.core import comment as job_comment
 from slurm_ft.core import env as ft_env
@@ -66,8 +67,10 @@ from slurm_ft.core.rundir import (
     GPU_GLOB,
     HANG_GLOB,
     HEARTBEAT_GLOB,
+    NCCL_TRACE_GLOB,
     RECLAIM_GLOB,
     STACK_GLOB,
+    TRACE_GLOB,
     RankState,
     append_line,
     make_run_dir,
@@ -75,6 +78,7 @@ from slurm_ft.core.rundir import (
     read_errors,
     read_heartbeats,
     read_rank_states,
+    trace_path,
 )
 from slurm_ft.core.taxonomy import Category
 from slurm_ft.health.jobfiles import latest_step
@@ -86,6 +90,7 @@ from slurm_ft.launch.reclaim import Reclaimed, gpus_in_use
 from slurm_ft.launch.standby import STOP_SIGNAL, script_of
 from slurm_ft.launch.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
 from slurm_ft.launch.text import describe
+from slurm_ft.launch.traces import DEFAULT_ENTRIES, recorder_env
 from slurm_ft.launch.verdict import attempt_evidence, paragraph, root_cause
 from slurm_ft.slurm.address import master_addr
 from slurm_ft.slurm.types import NodeInfo
@@ -158,6 +163,12 @@ class LaunchConfig:
     """After a failed attempt, the most its nodes wait for their GPUs to let go of its processes before the next
     attempt runs there (``--gpu-reclaim-timeout``, ``SLURM_FT_GPU_RECLAIM_TIMEOUT``); a GPU still held then is a bad
     GPU. 0: no wait."""
+    flight_recorder: int = DEFAULT_ENTRIES
+    """Entries of torch's flight recorder in each rank (``TORCH_FR_BUFFER_SIZE``, set unless the job sets it; with the
+    NCCL dump-on-timeout settings, ``slurm_ft.launch.traces``); 0 sets none of them (``--flight-recorder``)."""
+    trace_wait_s: float = 3.0
+    """After a rank of an attempt failed: the most the launcher waits for the other ranks' flight-recorder dumps
+    before it kills the step (0: it does not ask for them)."""
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -185,6 +196,10 @@ class LaunchConfig:
         require(isinstance(self.gpu_reclaim_timeout_s, (int, float)) and 0 <= self.gpu_reclaim_timeout_s <= 600,
                 "gpu_reclaim_timeout_s",
                 f"must be within [0, 600] seconds (--gpu-reclaim-timeout), got {self.gpu_reclaim_timeout_s!r}")
+        require(isinstance(self.flight_recorder, int) and self.flight_recorder >= 0, "flight_recorder",
+                f"must be an integer >= 0 (--flight-recorder), got {self.flight_recorder!r}")
+        require(0 <= self.trace_wait_s <= 60, "trace_wait_s",
+                f"must be within [0, 60] seconds, got {self.trace_wait_s!r}")
         object.__setattr__(self, "run_dir", Path(self.run_dir))
 
 
@@ -398,7 +413,8 @@ class Launcher:
                  requeue: Callable[[], None] | None = None, comment: str = "",
                  gather_hang: Callable[[Sequence[str], Path], str] | None = None,
                  store: StoreHost | None = None, bell: Waker | None = None,
-                 reclaim: Callable[[Sequence[str], Path, int], Reclaimed] | None = None) -> None:
+                 reclaim: Callable[[Sequence[str], Path, int], Reclaimed] | None = None,
+                 request_traces: Callable[[Sequence[str], Path], Any] | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -413,6 +429,7 @@ class Launcher:
         self.store = store  # holds each restart's rendezvous store open before the ranks start (else rank 0 does)
         self.bell = bell  # wakes the attempt's poll loop when a rank ends badly (else it sees it a poll later)
         self.reclaim = reclaim  # waits on each node for its GPUs to let go of a failed attempt (launch.reclaim)
+        self.request_traces = request_traces  # starts the ranks' flight-recorder dumps (``TraceRequest``: .wait(s))
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         self.latch, self.preempt = latch, preempt or PreemptConfig()  # SIGUSR1/SIGTERM: save, requeue
         self.requeue = requeue  # requeues this job (after the ranks' emergency save on SIGUSR1)
@@ -431,6 +448,7 @@ class Launcher:
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
         # the random part of the standbys' socket names, for our own steps only: nobody can bind them first
         self._standby_key = secrets.token_hex(16)
+        self._world = 0  # the current attempt's ranks
 
     def run(self) -> int:
         try:
@@ -473,7 +491,7 @@ class Launcher:
                 self._turn_store_off()
             sick = self._sick(chosen)
             held = self._gpu_reclaim(chosen, sick)
-            verdict = self._judge(result, sick, held)
+            verdict = self._judge(result, sick, chosen, held)
             if sick or held:
                 self._failure = (Category.HARDWARE_NODE if sick else Category.HARDWARE_GPU).value
                 out = sick | {hold.node for hold in held}
@@ -482,10 +500,11 @@ class Launcher:
                     return self._give_up(sick, self._bad)  # Slurm may declare the sick ones; a held GPU, never
                 self._event("spare_swap", out=sorted(out), attempt=self.attempts)
                 continue  # a membership change: no retry used
-            if result.outcome is Outcome.FAILED and not self._recoverable(verdict):
+            if self._unrecoverable(result, verdict):  # a desync hangs again on every restart: none is taken
                 category, reason, evidence = self._stopping
                 self._comment(job_comment.stopped(category, f"by=launch {reason}", evidence))
-                return self._exit(result.exit_code or 1, "not recoverable in place", cause=category)
+                code = 1 if result.outcome is Outcome.HUNG else result.exit_code or 1
+                return self._exit(code, "not recoverable in place", cause=category)
             if self.budget.left == 0:
                 return self._exit(result.exit_code or 1, f"restart budget exhausted ({self.budget.used} of "
                                   f"{self.budget.limit} used, in place and requeues together)")
@@ -594,6 +613,7 @@ class Launcher:
                       port=int(env["MASTER_PORT"]), gpu_bind=cfg.gpu_bind)  # RANK, WORLD_SIZE ..., GPUs; torchrun wired
         env.update(wiring.env)
         env.update(nccl_defaults(env, hang_timeout_s=cfg.hang_timeout_s))  # only those the user did not set
+        self._world = len(chosen) * wiring.ranks_per_node
         # A step that had a rank on a dead node stays "completing" in Slurm's books, holding its CPUs on the live
         # nodes, until the job ends: later attempts share them (only one attempt runs at a time).
         overlap = ["--overlap"] if self.attempts > 1 else []
@@ -615,12 +635,15 @@ class Launcher:
                           grace_s=cfg.startup_grace_s, exit_grace_s=cfg.exit_grace_s)
         first_step_logged = False
         failed_since: float | None = None
+        dumps: Any = None  # the live ranks' flight-recorder dumps, asked for when a rank failed
         while True:
             if self._signalled():
                 return self._forward(proc)
             code = proc.poll()
             if code is not None:
                 now = self.clock()
+                if dumps is not None:  # every rank has ended: no dump is coming
+                    dumps.wait(0.0)
                 return AttemptResult(outcome=Outcome.SUCCEEDED if code == 0 else Outcome.FAILED,
                                      exit_code=code, time=now)
             now = self.clock()
@@ -640,11 +663,13 @@ class Launcher:
                                      hung_ranks=tuple(stuck), hang=hang, trained=first_step_logged,
                                      warm=ft_env.STANDBY in env, held_store=env.get(AGENT_STORE_ENV) == "True")
             complete = self._failure_evidence()
-            failed_since = failed_since or (now if complete is not None else None)
+            if failed_since is None and complete is not None:
+                failed_since, dumps = now, self._ask_traces(chosen)
             if failed_since is not None and (complete or now - failed_since >= cfg.evidence_wait_s):
                 # srun waits for every task; one on a dead node never reports back. The culprit's record came
                 # first; the ranks it takes down keep failing one by one (3.5 s for 8 ranks on this lab's 2
                 # cores), and their records would not change the verdict. Nothing is left to save either.
+                self._traces_in(dumps)
                 self._kill(proc, grace_s=min(cfg.kill_grace_s, cfg.error_grace_s))
                 return AttemptResult(outcome=Outcome.FAILED, exit_code=1, time=failed_since)
             self._wait(cfg.poll_s)
@@ -737,6 +762,26 @@ class Launcher:
         return bool(ends) and all(record.rank in ended for record in errors
                                   if first_bad is None or (record.time <= first_bad and not victims_view(record)))
 
+    def _ask_traces(self, chosen: list[str]) -> Any:
+        """Start the failed attempt's flight-recorder dumps on its nodes (``slurm_ft.launch.traces``), or None."""
+        if self.request_traces is None or self.config.trace_wait_s <= 0 or self.config.flight_recorder <= 0:
+            return None
+        return self.request_traces(chosen, self.config.run_dir)
+
+    def _traces_in(self, dumps: Any) -> None:
+        """Wait for the dumps asked for (at most ``trace_wait_s`` after asking, less once every rank has dumped or
+        ended); a shortfall is an event."""
+        why = dumps.wait(self.config.trace_wait_s, done=self._ranks_accounted) if dumps is not None else ""
+        if why:
+            self._event("trace_dumps_partial", attempt=self.attempts, why=why)
+
+    def _ranks_accounted(self) -> bool:
+        """Every rank of the attempt has dumped its flight recorder or ended (this attempt's files only: the last
+        one's were set aside)."""
+        run_dir = self.config.run_dir
+        dumped = {r for r in range(self._world) if trace_path(run_dir, r).exists()}
+        return dumped | {end.rank for end in read_ends(run_dir)} >= set(range(self._world))
+
     def _wait(self, seconds: float) -> None:
         """Until the next poll, or until a rank's wrapper rings the bell (a rank ended badly)."""
         if self.bell is None:
@@ -758,15 +803,18 @@ class Launcher:
         return rank_states(watch.ranks, read_heartbeats(self.config.run_dir), read_rank_states(self.config.run_dir),
                            watch.live(now))
 
-    def _judge(self, result: AttemptResult, sick: set[str], held: Sequence[Any] = ()) -> Any:
+    def _judge(self, result: AttemptResult, sick: set[str], chosen: list[str], held: Sequence[Any] = ()) -> Any:
         """The attempt's verdict (culprit rank and node), as a ``verdict`` event and a root cause paragraph."""
         if self.classify_fn is None:
             return None
-        evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick, held=held)
+        world = self._world
+        evidence = attempt_evidence(self.config.run_dir, hang=result.hang, sick=sick, held=held, nodes=chosen,
+                                    ranks=range(world))
         verdict = self.classify_fn(evidence)
         cause = root_cause(verdict, evidence)
+        where = collectives.positions(evidence.traces, range(world), result.hang) if evidence.traces else []
         self._event("verdict", attempt=self.attempts, outcome=result.outcome.value, root_cause_rank=cause["rank"],
-                    root_cause=cause, verdict=verdict.to_dict())
+                    root_cause=cause, verdict=verdict.to_dict(), **({"collectives": where} if where else {}))
         print(paragraph(self.attempts, verdict, cause), file=sys.stderr, flush=True)
         self._failure = verdict.category.value
         return verdict
@@ -813,7 +861,22 @@ class Launcher:
             env[ft_env.PREFIX + ft_env.RESTART_CAUSE] = cause
         else:
             env.pop(ft_env.PREFIX + ft_env.RESTART_CAUSE, None)
+        env.update(self._flight_recorder_env())
         return env
+
+    def _flight_recorder_env(self) -> dict[str, str]:
+        """torch's flight recorder for the ranks, where the job does not set it (``slurm_ft.launch.traces``)."""
+        return recorder_env(self.environ, self.config.run_dir, self.config.flight_recorder)
+
+    def _unrecoverable(self, result: AttemptResult, verdict: Any) -> bool:
+        """A failed attempt that ``_recoverable`` refuses, or a hung one whose verdict is not recoverable (the
+        flight recorder found a desync: the training code's)."""
+        if result.outcome is Outcome.FAILED:
+            return not self._recoverable(verdict)
+        if result.outcome is Outcome.HUNG and verdict is not None and not verdict.recoverable:
+            self._stopping = (verdict.category.value, "not recoverable", list(verdict.evidence[:2]))
+            return True
+        return False
 
     def _recoverable(self, verdict: Any) -> bool:
         """The attempt's verdict (``_judge``) allows another try, and its root cause is not the last one's again."""
@@ -843,7 +906,8 @@ class Launcher:
 
     def _archive(self, name: str) -> None:
         """Move the heartbeats and error files in the run dir (the last attempt's) to ``<run_dir>/<name>/``."""
-        patterns = (HEARTBEAT_GLOB, ERROR_GLOB, END_GLOB, HANG_GLOB, STACK_GLOB, GPU_GLOB, RECLAIM_GLOB)
+        patterns = (HEARTBEAT_GLOB, ERROR_GLOB, END_GLOB, HANG_GLOB, STACK_GLOB, GPU_GLOB, RECLAIM_GLOB, TRACE_GLOB,
+                    NCCL_TRACE_GLOB)
         found = [p for pattern in patterns for p in self.config.run_dir.glob(pattern)
                  if p.is_file() and not p.is_symlink()]
         if not found:

@@ -133,7 +133,7 @@ def _start(command: Sequence[str], environ: dict[str, str]) -> tuple[Any, Stderr
 def run(command: Sequence[str], environ: dict[str, str]) -> int:
     run_dir = ft_env.job_setting(ft_env.RUN_DIR, environ)
     rank_text = environ.get("RANK") or environ.get("SLURM_PROCID", "")
-    for sig in (*OUTLIVED, records.STACK_SIGNAL):
+    for sig in (*OUTLIVED, records.STACK_SIGNAL, records.TRACE_SIGNAL):
         signal.signal(sig, _outlive)  # a Python handler: exec resets it to the default for the child
     before = oom_kills()
     child, tee, how = _start(command, environ)

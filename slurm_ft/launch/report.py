@@ -3,7 +3,9 @@
 DIR is the run directory or the checkpoint directory (``<ckpt>/.slurm-ft``). A requeued job appends to the same
 file: its launcher starts again at attempt 1, which the report counts as the next run of the job. Each failed
 attempt shows its cause (the launcher's verdict, in the design's category words) and its culprit: the rank and
-node that failed first, the first line of its error below the row.
+node that failed first, the first line of its error below the row. For an attempt whose ranks' flight-recorder
+dumps show a stalled collective (a hang, a desync), the collective each rank was in follows, one line per group of
+ranks in the same place (the verdict event's ``collectives``): who waited for whom.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class AttemptRow:
     cause: str = "-"  # the verdict's category ("-": no verdict recorded)
     culprit: str = "-"  # "rank 1 on n2", "n3", "-"
     error: str = ""  # the first line of the culprit's real error
+    collectives: tuple[str, ...] = ()  # where each group of ranks was, from their flight-recorder dumps
 
 
 def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
@@ -72,8 +75,10 @@ def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
 def _cause(event: dict[str, Any]) -> dict[str, str]:
     verdict = event["verdict"]
     cause = event.get("root_cause") if isinstance(event.get("root_cause"), dict) else {}
+    where = event.get("collectives")
+    lines = tuple(str(line) for line in where if isinstance(line, str)) if isinstance(where, list) else ()
     return {"cause": str(verdict.get("category", "-")), "culprit": culprit_text(verdict),
-            "error": str(cause.get("line") or "")}
+            "error": str(cause.get("line") or ""), "collectives": lines}
 
 
 def find_run_dir(path: Path) -> Path:
@@ -98,6 +103,9 @@ def format_report(rows: list[AttemptRow]) -> str:
                      f"{','.join(r.nodes):<16} {r.cause:<13} {r.culprit:<16} {r.ended}")
         if r.error:
             lines.append(f"{'':>8}root cause: {r.error}")
+        if r.collectives:
+            lines.append(f"{'':>8}collectives (flight recorder):")
+            lines += [f"{'':>10}{line}" for line in r.collectives]
     last = rows[-1]
     wall = (last.end or last.start) - t0
     faults = sum(1 for r in rows if r.ended != "succeeded")

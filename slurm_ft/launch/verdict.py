@@ -1,20 +1,23 @@
 """The launcher's judgement of one failed or hung attempt: the evidence it has, and how it tells the user.
 
 Evidence: the ranks' error files and end records (``slurm_ft.launch.rank``), a hung attempt's rank states
-(``slurm_ft.launch.hang``), the nodes found unhealthy after it, and the GPUs that kept its processes past the
-launcher's wait (``slurm_ft.launch.reclaim``). ``root_cause`` picks the culprit rank, its
+(``slurm_ft.launch.hang``), the ranks' flight-recorder dumps (``slurm_ft.train.traces``: only the attempt's ranks,
+a node name only when it is one of the attempt's nodes), the nodes found unhealthy after it, and the GPUs that kept
+its processes past the launcher's wait (``slurm_ft.launch.reclaim``). ``root_cause`` picks the culprit rank, its
 node and the first line of its real error; ``paragraph`` is the few lines the launcher prints at the end of an
 attempt, so the real error is not lost under the secondary tracebacks of the ranks that failed because of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from slurm_ft.classify.collectives import RankTrace, parse_trace
 from slurm_ft.classify.records import Evidence, NodeEvent
-from slurm_ft.core.rundir import RankState, read_ends, read_errors
+from slurm_ft.core.rundir import RankState, read_ends, read_errors, read_trace_dicts
 from slurm_ft.core.taxonomy import Verdict
 from slurm_ft.health.records import GpuHold
 
@@ -22,11 +25,31 @@ PROBE_REASON = "slurm-ft launch: failed the probe step or marked unhealthy by Sl
 
 
 def attempt_evidence(run_dir: Path, *, hang: Sequence[RankState] = (), sick: Iterable[str] = (),
-                     held: Sequence[GpuHold] = ()) -> Evidence:
-    """What the launcher knows of the attempt whose files are in ``run_dir`` (the allocation still lives)."""
-    nodes = tuple(NodeEvent(name=n, state=frozenset({"NOT_RESPONDING"}), reason=PROBE_REASON) for n in sorted(sick))
+                     held: Sequence[GpuHold] = (), nodes: Iterable[str] | None = None,
+                     ranks: Iterable[int] | None = None) -> Evidence:
+    """What the launcher knows of the attempt whose files are in ``run_dir`` (the allocation still lives); ``nodes``
+    and ``ranks`` (the attempt's) bound what the dumps may name."""
+    events = tuple(NodeEvent(name=n, state=frozenset({"NOT_RESPONDING"}), reason=PROBE_REASON) for n in sorted(sick))
     return Evidence(errors=tuple(read_errors(run_dir)), ends=tuple(read_ends(run_dir)), hang=tuple(hang),
-                    nodes=nodes, in_allocation=True, held_gpus=tuple(held))
+                    nodes=events, traces=attempt_traces(run_dir, nodes=nodes, ranks=ranks), in_allocation=True,
+                    held_gpus=tuple(held))
+
+
+def attempt_traces(run_dir: Path, *, nodes: Iterable[str] | None = None,
+                   ranks: Iterable[int] | None = None) -> tuple[RankTrace, ...]:
+    """The flight-recorder dumps in ``run_dir``: one per rank (of ``ranks``, when given), its host dropped when it
+    is not one of ``nodes`` (the dump is the job's word; a verdict names only the job's own nodes)."""
+    allowed_ranks = None if ranks is None else set(ranks)
+    allowed_nodes = None if nodes is None else set(nodes)
+    found: dict[int, RankTrace] = {}
+    for data in read_trace_dicts(run_dir):
+        trace = parse_trace(data)
+        if trace is None or (allowed_ranks is not None and trace.rank not in allowed_ranks):
+            continue
+        if allowed_nodes is not None and trace.host not in allowed_nodes:
+            trace = dataclasses.replace(trace, host="")
+        found.setdefault(trace.rank, trace)
+    return tuple(found[rank] for rank in sorted(found))
 
 
 def root_cause(verdict: Verdict, evidence: Evidence) -> dict[str, Any]:

@@ -14,7 +14,10 @@ run's dir is refused unless --ckpt-adopt. A run whose last save failed exits non
 Fault injection by RANK:STEP fires when this run reaches STEP without having resumed at or past it; so a run
 that resumes from an earlier checkpoint fires it again (give the flag on the first attempt only, see
 slurm_ft.lab.faults.first_attempt_only). --fail-at raises InjectedFault (user code), --crash-at SIGKILLs the rank,
---hang-at stops making progress, --signal-at sends the rank SIGUSR1 (as Slurm's --signal does).
+--hang-at stops making progress (a sleep outside any collective: a stuck data loader), --signal-at sends the rank
+SIGUSR1 (as Slurm's --signal does), --desync-at makes the rank call one all-reduce the others do not (a
+rank-dependent branch around a collective: its peers go on into the forward's all-gather, and the ranks wait in
+different collectives at the same sequence number, on every attempt alike).
 
 The last stdout line of rank 0 is ``{"step": N, "param_sha256": "...", ...}`` (sha256 over all full parameters).
 """
@@ -110,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                     "checkpoint groups; default: torch's)")
     p.add_argument("--timeline", help="rank 0 appends its launch, start, steps and save stalls here (JSON lines; "
                                       "slurm_ft.bench.timeline)")
-    for name in ("fail-at", "hang-at", "crash-at", "signal-at"):
+    for name in ("fail-at", "hang-at", "crash-at", "signal-at", "desync-at"):
         p.add_argument(f"--{name}", type=_rank_step, metavar="RANK:STEP")
     args = p.parse_args(argv)
     if not args.ckpt_dir:
@@ -228,6 +231,8 @@ def _inject(args: argparse.Namespace, rank: int, step: int, resumed: int) -> Non
     if hit(args.hang_at):
         while True:
             time.sleep(3600)
+    if hit(args.desync_at) and dist.is_initialized():
+        dist.all_reduce(torch.zeros(1))  # only this rank: a desync
 
 
 def train(args: argparse.Namespace, rank: int, world: int, device: torch.device, tracker: StepTracker,

@@ -13,6 +13,9 @@ uninterruptible sleep, holding the GIL in native code) does not. The launcher te
 ``close()`` (also run at interpreter exit) writes a last record with ``done``: the rank has no more steps to make.
 A process's exit can take long after its last step (freeing the interpreter, a communicator's teardown, a loaded
 node), and the launcher must not call a finished rank hung for that (it gives it ``LaunchConfig.exit_grace_s``).
+``traces`` (default on): with torch's flight recorder on (``slurm-ft launch`` sets ``TORCH_FR_BUFFER_SIZE``), the
+rank dumps it to ``trace.rank<R>.json`` on ``records.TRACE_SIGNAL`` (``slurm_ft.train.traces``), and the heartbeat
+announces that signal as it announces the stacks' one.
 """
 
 from __future__ import annotations
@@ -29,9 +32,17 @@ from pathlib import Path
 from typing import IO
 
 from slurm_ft.core import rundir as records
+from slurm_ft.train import traces as fr_traces
 
 DEFAULT_LIVENESS_S = 2.0
 log = logging.getLogger(__name__)
+
+
+def _stacks_off() -> None:
+    """At exit: the stack signal does nothing from now on (a late request of the hang helper must not kill a rank
+    that is only slow to exit)."""
+    faulthandler.unregister(records.STACK_SIGNAL)  # False when it was not registered: nothing to undo
+    fr_traces.ignore_at_exit(records.STACK_SIGNAL)
 
 
 class HeartbeatWriter:
@@ -40,7 +51,7 @@ class HeartbeatWriter:
 
     def __init__(self, run_dir: str | os.PathLike[str], rank: int, *, interval_s: float = 0.0,
                  clock: Callable[[], float] = time.time, liveness_s: float = DEFAULT_LIVENESS_S,
-                 stacks: bool = True) -> None:
+                 stacks: bool = True, traces: bool = True) -> None:
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
         if liveness_s < 0:
@@ -58,6 +69,7 @@ class HeartbeatWriter:
         self._stack_signal = self._register_stacks() if stacks else None
         self._done = False
         atexit.register(self.close)
+        self._trace_signal = fr_traces.install(self.run_dir, rank) if traces else None
 
     def beat(self, step: int, *, force: bool = False) -> bool:
         """Record progress at ``step``; returns False when the file write was skipped by the interval."""
@@ -97,7 +109,8 @@ class HeartbeatWriter:
             step, when = self._progress
             records.write_heartbeat(self.run_dir, records.Heartbeat(
                 rank=self.rank, step=step, time=when, host=self._host, pid=self._pid,
-                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal, done=self._done))
+                alive=alive if self.liveness_s > 0 else None, stack_signal=self._stack_signal,
+                trace_signal=self._trace_signal, done=self._done))
 
     def _start_liveness(self) -> None:
         if self._thread is not None or self.liveness_s <= 0:
@@ -123,4 +136,5 @@ class HeartbeatWriter:
             faulthandler.register(records.STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError, AttributeError):
             return None  # no stacks from this rank; the launcher then tries py-spy
+        atexit.register(_stacks_off)  # exiting: faulthandler's fini would restore the default (the signal kills)
         return int(records.STACK_SIGNAL)

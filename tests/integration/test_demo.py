@@ -30,3 +30,23 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     ends = sorted((end.rank, end.started, end.exit_code) for end in read_ends(run_dir))
     # spares, not forks of a warm parent: no warm attempt hung (with forks one did once in CI, on 25.11)
     assert "standby_off" not in events and ends == [(0, "standby", 0), (1, "standby", 0)]
+
+
+def test_demo_flight_recorder_names_the_rank_and_the_collective(lab, tmp_path):
+    """Issue 31: a stopped rank, a rank stuck outside any collective, a desync; the ranks' flight-recorder dumps
+    name the faulted rank each time, and the desync stops after one attempt as user_code with both calls."""
+    lines = []
+    table, failed = run_demo(DemoConfig(dir=tmp_path / "demo", scenarios=("hang", "stuck-loader", "desync"), steps=16),
+                             lines.append)
+    assert failed == []
+    rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in table.splitlines()
+            if "|" in line}
+    assert [rows[name][1] for name in ("hang", "stuck-loader", "desync")] == ["hang", "hang", "user_code"]
+    assert all(rows[name][2].startswith("rank 1 on n") for name in ("hang", "stuck-loader", "desync"))
+    assert rows["desync"][6] == "0" and rows["stuck-loader"][7] == "equal"
+    for name in ("stuck-loader", "desync"):  # the trainer's own faults are announced like the demo's
+        assert any(line.startswith(f"{name}: rank 1 of job ") for line in lines)
+    desync = tmp_path / "demo" / "jobs" / "ck-desync" / ".slurm-ft"
+    [verdict] = [e for e in read_events(desync) if e["event"] == "verdict"]
+    assert verdict["outcome"] == "hung" and "all_gather" in verdict["verdict"]["evidence"][0]
+    assert sorted(p.name for p in desync.glob("trace.rank*.json")) == ["trace.rank0.json", "trace.rank1.json"]

@@ -99,24 +99,27 @@ def test_slowest_rank_per_step_and_cli_parse():
     from slurm_ft.bench import step_bench
 
     assert step_bench.slowest_rank([[1.0, 5.0], [2.0, 3.0]]) == [2.0, 5.0]
-    config, _ = step_bench.parse(["--ranks", "1,2", "--steps", "10"])
+    config, _, recorder = step_bench.parse(["--ranks", "1,2", "--steps", "10"])
     assert config.ranks == (1, 2) and config.steps == 10
+    assert recorder == {"entries": 2000, "ranks": (2, 4), "collectives": 8, "runs": 2}
+    assert step_bench.parse(["--ranks", "1,2", "--fr-entries", "0"])[2]["ranks"] == ()
     with pytest.raises(SystemExit):
         step_bench.parse(["--ranks", "4"])
+    with pytest.raises(SystemExit):
+        step_bench.parse(["--ranks", "1,2", "--fr-collectives", "0"])
 
 
-def test_bench_step_and_checkpoint_are_delegated(monkeypatch):
-    import sys
-    import types
-
-    from slurm_ft.cli import main
-
-    seen = []
-    for name in ("slurm_ft.bench.step_bench", "slurm_ft.bench.checkpoint_bench"):
-        fake = types.ModuleType(name)
-        fake.main = lambda argv, name=name: seen.append((name, argv)) or 0
-        monkeypatch.setitem(sys.modules, name, fake)
-    assert main(["bench", "step", "--ranks", "1,2"]) == 0
-    assert main(["bench", "checkpoint", "--sizes", "64"]) == 0
-    assert seen == [("slurm_ft.bench.step_bench", ["--ranks", "1,2"]),
-                    ("slurm_ft.bench.checkpoint_bench", ["--sizes", "64"])]
+def test_the_flight_recorders_cost_is_the_difference_of_medians_beside_the_noise():
+    def runs(*pairs):
+        return [{"wall_s": w, "cpu_s": c} for w, c in pairs]
+    row = sm.recorder_row(2, 2000, 8, off=runs((0.0010, 0.0004), (0.0012, 0.0004), (0.0011, 0.0005)),
+                          on=runs((0.0013, 0.0006), (0.0012, 0.0006), (0.0014, 0.0006)))
+    assert row["wall_off_s"] == pytest.approx(0.0011) and row["wall_on_s"] == pytest.approx(0.0013)
+    assert row["wall_overhead_s"] == pytest.approx(0.0002) and row["wall_per_collective_s"] == pytest.approx(0.000025)
+    assert row["wall_noise_s"] == pytest.approx(0.0002)  # the off runs' spread; the on runs' is the same
+    assert row["cpu_overhead_s"] == pytest.approx(0.0002) and row["cpu_noise_s"] == pytest.approx(0.0001)
+    text = sm.render_recorder([row], compute_ms=20).splitlines()
+    assert text[0].startswith("flight recorder (TORCH_FR_BUFFER_SIZE=2000): a step's 8 gloo all-reduces")
+    assert text[-1] == "2 rank(s): wall within the noise, CPU above the noise"
+    assert sm.noise_verdict(-0.003, 0.001).startswith("below the noise")
+    assert sm.render_recorder([], compute_ms=20) == ""

@@ -197,3 +197,18 @@ def test_a_kernel_log_without_a_node_is_judged_anyway(tmp_path, capsys):
     verdict = json.loads(out)
     assert code == 0 and verdict["category"] == "oom_host" and verdict["culprit"]["nodes"] == []
     assert "culprit node unknown" in verdict["evidence"][0]
+
+
+def test_trace_reads_a_hung_attempts_dumps_and_node_reports(capsys):
+    from pathlib import Path
+    attempt = Path(__file__).resolve().parents[2] / "data" / "traces" / "lab_stuck_loader"
+    code, out, _ = _run(capsys, "--trace", str(attempt), "--in-allocation", "--json")
+    verdict = json.loads(out)
+    assert code == 0 and verdict["category"] == "hang" and verdict["culprit"] == {"nodes": ["n2"], "ranks": [1]}
+    assert verdict["evidence"][0].startswith("rank 1 (n2): never entered all_gather #83")
+
+
+def test_trace_needs_a_folder_with_dumps(tmp_path, capsys):
+    for path, needle in ((tmp_path / "nope", "not a directory"), (tmp_path, "no flight-recorder dump")):
+        code, out, err = _run(capsys, "--trace", str(path))
+        assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1

@@ -94,3 +94,33 @@ def test_main_thread_in_collective_reads_faulthandler_and_pyspy_dumps():
     assert main_thread_in_collective(FAULTHANDLER_LOADING) is False  # the heartbeat thread alone is no collective
     assert main_thread_in_collective(PYSPY_WAITING) is True
     assert main_thread_in_collective("Thread 0x1 (most recent call first):\n  File \"x.py\", line 1 in f\n") is None
+
+
+def test_the_helper_asks_for_the_signals_the_heartbeat_announces_and_waits_only_for_fresh_files(tmp_path):
+    from slurm_ft.core.rundir import trace_path, write_heartbeat
+    from slurm_ft.launch.hang import dump_traces
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        write_heartbeat(tmp_path, Heartbeat(rank=0, step=3, time=0, host="nX", pid=sleeper.pid, stack_signal=36,
+                                            trace_signal=37))
+        trace_path(tmp_path, 0).write_text("{}")  # an older dump: not an answer
+        sent, naps = [], []
+        assert dump_traces(tmp_path, "nX", send=lambda pid, sig: sent.append((pid, sig)), sleep=naps.append) == []
+        assert sent == [(sleeper.pid, 37)] and sum(naps) >= 2.0  # waited the whole STACK_WAIT_S in vain
+
+        def answer(pid, sig):
+            sent.append((pid, sig))
+            if sig == 37:
+                time.sleep(0.02)  # a new mtime
+                trace_path(tmp_path, 0).write_text('{"rank": 0}')
+        sent.clear()
+        assert dump_traces(tmp_path, "nX", send=answer, sleep=lambda s: None) == [0]
+        sent.clear()
+        inspect_node(tmp_path, "nX", send=answer, sleep=lambda s: None)
+        assert sent == [(sleeper.pid, 36), (sleeper.pid, 37)]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert helper_argv(["n1"], tmp_path, traces_only=True)[-1] == "--traces-only"

@@ -931,3 +931,133 @@ def test_a_cold_attempt_hung_before_its_first_step_leaves_standbys_on(tmp_path):
     assert launcher.run() == 0
     kinds = [e["event"] for e in events(tmp_path)]
     assert "standby_off" not in kinds and kinds.count("standby_start") == 1
+
+
+# --- the flight recorder (slurm_ft.launch.traces) ---------------------------------------------------------------
+TRACES = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "traces"
+
+
+def test_the_ranks_get_the_flight_recorder_unless_the_job_sets_it(tmp_path):
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [Script(run)])
+    assert launcher.run() == 0
+    env = runner.calls[0][1]
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(run / "nccl_trace.rank")
+    launcher, runner, _ = make(tmp_path, [Script(run)], flight_recorder=0)
+    launcher.environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "0"
+    assert launcher.run() == 0
+    env = runner.calls[0][1]
+    assert "TORCH_FR_BUFFER_SIZE" not in env and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
+
+
+def test_a_hung_desync_stops_after_one_attempt_without_using_a_restart(tmp_path):
+    run = tmp_path / "run"
+    comments = []
+
+    def gather(nodes, run_dir):  # the helpers: both ranks alive, each dumps its flight recorder (a real desync)
+        for rank in (0, 1):
+            write_rank_state(run_dir, RankState(rank=rank, host="n1", pid=11 + rank, state="S", step=2))
+            (run_dir / f"trace.rank{rank}.json").write_text((TRACES / "desync2" / f"trace.rank{rank}.json").read_text())
+        return ""
+
+    launcher, runner, _ = make(tmp_path, [Script(run, hang_after=2), Script(run)], classify_fn=classify,
+                               set_comment=comments.append)
+    launcher.gather_hang = gather
+    assert launcher.run() == 1
+    assert len(runner.calls) == 1 and launcher.budget.in_place == 0
+    kinds = [e["event"] for e in events(tmp_path)]
+    assert "restart_in_place" not in kinds and kinds[-1] == "exit"
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["outcome"] == "hung" and verdict["verdict"]["category"] == "user_code"
+    assert verdict["verdict"]["culprit"] == {"nodes": ["n1"], "ranks": [1]}
+    assert "all_gather" in verdict["verdict"]["evidence"][0] and "all_reduce" in verdict["verdict"]["evidence"][0]
+    assert verdict["collectives"][1].startswith("rank 1: waiting in all_gather(in [[4]], out [[2, 4]], Float) #4")
+    assert comments[-1].startswith("slurm-ft: stopped cause=user_code by=launch not recoverable; rank 1 (n1) called")
+    assert "in_place=" not in comments[-1]
+
+
+class Request:
+    def __init__(self, log, nodes, run_dir) -> None:
+        self.log = log
+        log.append(("asked", list(nodes)))
+
+    def wait(self, wait_s, done=lambda: False):
+        self.log.append(("waited", wait_s))
+        return "" if done() else "the flight-recorder dumps were not all in within 3 s"
+
+
+def test_a_failed_attempt_asks_the_live_ranks_for_their_dumps_before_the_kill(tmp_path):
+    run = tmp_path / "run"
+    log = []
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    failing = FailsAt(run, clock, at=1002.0)
+    launcher.runner.scripts = [failing, Script(run)]
+    launcher.request_traces = lambda nodes, run_dir: Request(log, nodes, run_dir)
+    killed_when = []
+    real_kill = failing.terminate
+    failing.terminate = lambda: (killed_when.append(list(log)), real_kill())
+    assert launcher.run() == 0
+    assert log == [("asked", ["n1", "n2"]), ("waited", 3.0)]  # once, at the first failure
+    assert killed_when == [log]  # the wait came before the kill
+    assert "trace_dumps_partial" in [e["event"] for e in events(tmp_path)]
+
+
+def test_no_dumps_asked_for_when_the_recorder_is_off(tmp_path):
+    run = tmp_path / "run"
+    log = []
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, flight_recorder=0)
+    launcher.runner.scripts = [FailsAt(run, clock, at=1002.0), Script(run)]
+    launcher.request_traces = lambda nodes, run_dir: Request(log, nodes, run_dir)
+    assert launcher.run() == 0 and log == []
+
+
+def test_an_attempts_dumps_move_aside_with_its_other_files(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trace.rank0.json").write_text("{}")
+    (run / "nccl_trace.rank0").write_bytes(b"\x80")
+    launcher, _, _ = make(tmp_path, [Script(run)])
+    assert launcher.run() == 0
+    assert (run / "earlier" / "trace.rank0.json").exists() and (run / "earlier" / "nccl_trace.rank0").exists()
+
+
+def test_flight_recorder_flag_and_validation(tmp_path):
+    import argparse
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(), "launch")
+    args = parser.parse_args(["launch", "--flight-recorder", "500", "--", "python", "t.py"])
+    assert config_from_args(args, {"SLURM_FT_CKPT_DIR": str(tmp_path)}).flight_recorder == 500
+    with pytest.raises(ValueError, match="flight_recorder"):
+        LaunchConfig(command=("x",), flight_recorder=-1)
+    with pytest.raises(ValueError, match="trace_wait_s"):
+        LaunchConfig(command=("x",), trace_wait_s=61)
+
+
+def test_a_pending_dump_request_is_dropped_when_the_step_ends_by_itself(tmp_path):
+    run = tmp_path / "run"
+    log = []
+
+    class Ends(FailsAt):
+        def poll(self):
+            code = super().poll()
+            return 1 if code is None and self.clock.now >= self.at + 0.5 else code
+
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=5.0)
+    launcher.runner.scripts = [Ends(run, clock, at=1002.0, ended=False), Script(run)]
+    launcher.request_traces = lambda nodes, run_dir: Request(log, nodes, run_dir)
+    assert launcher.run() == 0
+    assert log == [("asked", ["n1", "n2"]), ("waited", 0.0)]
+
+
+def test_the_dump_wait_ends_once_every_rank_has_dumped_or_ended(tmp_path):
+    run = tmp_path / "run"
+    log = []
+    launcher, _, clock = make(tmp_path, [], hang_timeout_s=60.0, evidence_wait_s=1.0)
+    failing = FailsAt(run, clock, at=1002.0)  # rank 0 ended; rank 1 dumped on its way out
+    launcher.runner.scripts = [failing, Script(run)]
+    launcher.request_traces = lambda nodes, run_dir: (
+        (run_dir / "trace.rank1.json").write_text("{}"), Request(log, nodes, run_dir))[1]
+    assert launcher.run() == 0
+    assert log == [("asked", ["n1", "n2"]), ("waited", 3.0)]
+    assert "trace_dumps_partial" not in [e["event"] for e in events(tmp_path)]

@@ -6,6 +6,7 @@ from slurm_ft.classify import classify
 from slurm_ft.core.rundir import GpuBinding, RankEnd, write_end, write_gpu_binding
 from slurm_ft.health.records import GpuHold
 from slurm_ft.launch.launcher import EX_TEMPFAIL, LaunchConfig, Launcher
+from slurm_ft.launch.rank_env import nccl_defaults
 from slurm_ft.launch.reclaim import Reclaimed
 from tests.unit.launch.test_launcher import Clock, Runner, Script, events
 
@@ -141,7 +142,7 @@ def test_ranks_get_nccl_fault_settings_but_keep_the_users_and_are_bound_to_gpus(
     assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "900"  # the user's, not ours
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env and env["NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
-    assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_DUMP_ON_TIMEOUT" not in env
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"} & set(nccl_defaults({}, hang_timeout_s=120.0))
     assert "CUDA_VISIBLE_DEVICES" in argv[argv.index("-c") + 1]  # the per-rank line binds the GPUs
 
     unbound = tmp_path / "unbound"

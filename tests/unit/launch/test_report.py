@@ -57,3 +57,20 @@ def test_each_failed_attempt_shows_its_cause_and_culprit():
     text = format_report(rows)
     assert "hang          rank 1 on n3     hung" in text
     assert "root cause: rank 1 (n3): process stopped (state T) at step 12" in text
+
+
+def test_a_hang_shows_where_every_group_of_ranks_was():
+    where = ["ranks 0,2-3: waiting in all_gather #42 of process group 0 (default_pg) for 11.9 s",
+             "rank 1: not in #42 of process group 0 (default_pg): last all_reduce #41, completed"]
+    verdict = {"category": "hang", "culprit": {"nodes": ["n2"], "ranks": [1]}, "evidence": ["..."]}
+    rows = attempts([EVENTS[0], {"event": "fault_detected", "time": 120.0, "kind": "hung"},
+                     {"event": "verdict", "time": 121.0, "attempt": 1, "outcome": "hung", "verdict": verdict,
+                      "root_cause": {"rank": 1, "node": "n2", "line": "never entered all_gather #42"},
+                      "collectives": where},
+                     {"event": "verdict", "time": 122.0, "verdict": verdict, "collectives": "not a list"}])
+    assert rows[0].collectives == ()  # the last verdict event's word; a malformed one shows nothing
+    rows = attempts([EVENTS[0], {"event": "fault_detected", "time": 120.0, "kind": "hung"},
+                     {"event": "verdict", "time": 121.0, "verdict": verdict, "collectives": where}])
+    lines = format_report(rows).splitlines()
+    at = lines.index("        collectives (flight recorder):")
+    assert lines[at + 1:at + 3] == [f"          {line}" for line in where]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from slurm_ft.classify import classify
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState, write_end, write_error
 from slurm_ft.launch.verdict import attempt_evidence, paragraph, root_cause
@@ -40,3 +43,20 @@ def test_a_hang_and_a_dead_node(tmp_path):
     verdict = classify(evidence)
     assert root_cause(verdict, evidence)["node"] == "n3" and verdict.culprit.nodes == ("n3",)
     assert "no single rank on n3" in paragraph(2, verdict, root_cause(verdict, evidence))
+
+
+def test_the_dumps_name_only_the_attempts_ranks_and_nodes(tmp_path):
+    from slurm_ft.launch.verdict import attempt_traces
+    for rank, host in ((0, "n1"), (1, "elsewhere"), (7, "n1")):
+        (tmp_path / f"trace.rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "host": host, "time": 1.0, "reason": "signal", "fr": {"entries": []}}))
+    (tmp_path / "trace.rank2.json").write_text(json.dumps({"rank": 0, "host": "n1", "fr": {}}))  # says rank 0
+    found = attempt_traces(tmp_path, nodes=["n1", "n2"], ranks=range(4))
+    assert [(t.rank, t.host) for t in found] == [(0, "n1"), (1, "")]
+    assert [t.rank for t in attempt_traces(tmp_path)] == [0, 1, 7]
+    elsewhere = tmp_path / "sub"
+    elsewhere.mkdir()
+    (elsewhere / "t.json").write_text(json.dumps({"rank": 3, "host": "n1", "fr": {"entries": []}}))
+    os.symlink(elsewhere / "t.json", tmp_path / "trace.rank3.json")  # a link is no file of the rank's
+    (tmp_path / "trace.rank4.json").write_text("{torn")
+    assert [t.rank for t in attempt_traces(tmp_path)] == [0, 1, 7]

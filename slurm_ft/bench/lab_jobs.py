@@ -181,7 +181,7 @@ def batch_script(spec: JobSpec) -> str:
                                f"--max-restarts={spec.max_restarts} -m slurm_ft.train.example", 1)
     return ("#!/bin/bash\n"
             'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
-            'addr=$(getent hosts "$head" | awk \'{print $1; exit}\'); addr=${addr:-127.0.0.1}\n'
+            f'addr=$({py} -m slurm_ft.slurm.address "$head" {spec.nodes}) || exit 2\n'
             f"port=$(({TORCHRUN_PORT_BASE} + SLURM_JOB_ID % 1000))\n"
             "# torch 2.13 shares the agent's TCPStore across in-place restarts without a per-attempt key prefix:\n"
             "# a process group created after a restart reads the dead attempt's addresses and hangs. Not sharing\n"

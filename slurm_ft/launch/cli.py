@@ -177,6 +177,8 @@ def _main(args: argparse.Namespace) -> int:
         launch_checks.preflight(config.command, allocation=allocation, nodes=config.nodes,
                                 spare_nodes=config.spare_nodes, ntasks_per_node=config.ntasks_per_node,
                                 run_dir=config.run_dir, environ=environ)
+        here = launcher_addr(allocation, environ, wanted=launch_checks.check_nodes(
+            allocation, nodes=config.nodes, spare_nodes=config.spare_nodes))
         preempt = launch_preempt.PreemptConfig(
             deadline_s=launch_preempt.deadline_setting(getattr(args, "preempt_deadline", None), environ),
             kill_wait_s=launch_preempt.kill_wait(environ))
@@ -211,32 +213,46 @@ def _main(args: argparse.Namespace) -> int:
                         classify_fn=classify, resume_step=resume_step, probe=probe, set_comment=set_comment,
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
                         latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
-                        store=store_keeper(config, allocation, environ), bell=bell_for(environ), reclaim=reclaim,
+                        store=store_keeper(config, allocation, environ, addr=here), bell=bell_for(here),
+                        reclaim=reclaim,
                         request_traces=lambda nodes, run_dir: TraceRequest(nodes, run_dir, environ))
     return launcher.run()
 
 
-def bell_for(environ: Mapping[str, str]) -> Waker | None:
-    """The fault bell (``slurm_ft.launch.bell``) at this node's address, or None where no socket can be had."""
-    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+def launcher_addr(allocation: Sequence[str], environ: Mapping[str, str], *, wanted: int) -> str:
+    """The address of this node (the fault bell's and the store's), checked before the first attempt together with
+    the first attempt's ``MASTER_ADDR`` (``slurm_ft.slurm.address``): in a multi-node job a node with no address
+    is a configuration mistake (NodeAddressError), never a silent 127.0.0.1."""
+    if not environ.get("MASTER_ADDR") and allocation:
+        master_addr(allocation[0], environ, nodes=wanted)
+    return node_addr(launcher_node(environ), nodes=len(allocation))
+
+
+def launcher_node(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def bell_for(addr: str) -> Waker | None:
+    """The fault bell (``slurm_ft.launch.bell``) at ``addr`` (this node's), or None where no socket can be had."""
     try:
-        return fault_bell.Bell(node_addr(node))
+        return fault_bell.Bell(addr)
     except OSError as exc:
         log.info("no fault bell (failures seen at the next poll): %s", exc)
         return None
 
 
-def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str]) -> StoreHost | None:
-    """The keeper of the restarts' rendezvous stores (``slurm_ft.launch.store``), or None where rank 0 keeps hosting
-    them: turned off, a torchrun command (its agent holds its own store), a ``$MASTER_ADDR`` of the user's, or a
-    launcher outside the allocation's nodes (the ranks may not reach it). It admits only the allocation's nodes."""
+def store_keeper(config: LaunchConfig, allocation: Sequence[str], environ: Mapping[str, str], *, addr: str
+                 ) -> StoreHost | None:
+    """The keeper of the restarts' rendezvous stores (``slurm_ft.launch.store``) at ``addr`` (this node's), or None
+    where rank 0 keeps hosting them: turned off, a torchrun command (its agent holds its own store), a
+    ``$MASTER_ADDR`` of the user's, or a launcher outside the allocation's nodes (the ranks may not reach it). It
+    admits only the allocation's nodes."""
     node = environ.get("SLURMD_NODENAME", "")
     if (not config.launcher_store or is_torchrun(config.command) or environ.get("MASTER_ADDR")
             or node not in allocation):
         return None
     peers = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ",".join(allocation)
-    return StoreKeeper(command_python(config.command) or sys.executable, master_addr(node, environ), peers=peers,
-                       environ=environ)
+    return StoreKeeper(command_python(config.command) or sys.executable, addr, peers=peers, environ=environ)
 
 
 def _job_comment(client: Any, job_id: str) -> str:

@@ -414,7 +414,8 @@ class Launcher:
                  gather_hang: Callable[[Sequence[str], Path], str] | None = None,
                  store: StoreHost | None = None, bell: Waker | None = None,
                  reclaim: Callable[[Sequence[str], Path, int], Reclaimed] | None = None,
-                 request_traces: Callable[[Sequence[str], Path], Any] | None = None) -> None:
+                 request_traces: Callable[[Sequence[str], Path], Any] | None = None,
+                 addr_of: Callable[[str, int], str] | None = None) -> None:
         self.config = config
         self.allocation = list(allocation)
         self.environ = dict(environ)
@@ -430,6 +431,8 @@ class Launcher:
         self.bell = bell  # wakes the attempt's poll loop when a rank ends badly (else it sees it a poll later)
         self.reclaim = reclaim  # waits on each node for its GPUs to let go of a failed attempt (launch.reclaim)
         self.request_traces = request_traces  # starts the ranks' flight-recorder dumps (``TraceRequest``: .wait(s))
+        # the address of an attempt's first node, for an attempt of so many nodes (``slurm_ft.slurm.address``)
+        self.addr_of = addr_of or (lambda node, nodes: master_addr(node, self.environ, nodes=nodes))
         self.requeues = requeues  # $SLURM_RESTART_COUNT: how often Slurm or the monitor requeued this job
         self.latch, self.preempt = latch, preempt or PreemptConfig()  # SIGUSR1/SIGTERM: save, requeue
         self.requeue = requeue  # requeues this job (after the ranks' emergency save on SIGUSR1)
@@ -835,7 +838,7 @@ class Launcher:
             env["MASTER_PORT"] = str(port)
             env[AGENT_STORE_ENV], env[RESTART_COUNT_ENV] = "True", str(self.attempts - 1)
         else:
-            env["MASTER_ADDR"] = master_addr(chosen[0], self.environ)
+            env["MASTER_ADDR"] = self.addr_of(chosen[0], len(chosen))
             env["MASTER_PORT"] = str(self.port())
             env.pop(AGENT_STORE_ENV, None)
             env.pop(RESTART_COUNT_ENV, None)

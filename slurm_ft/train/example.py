@@ -151,7 +151,7 @@ def rendezvous_env(environ) -> None:
     resolved as the launcher does; the port derived from the job id."""
     if not environ.get("MASTER_ADDR"):
         nodes = expand_hostlist(environ.get("SLURM_STEP_NODELIST", "")) or topology.allocated_nodes(environ)
-        environ["MASTER_ADDR"] = master_addr(nodes[0], environ) if nodes else "127.0.0.1"
+        environ["MASTER_ADDR"] = master_addr(nodes[0], environ, nodes=len(nodes)) if nodes else "127.0.0.1"
     if not environ.get("MASTER_PORT"):
         job = environ.get("SLURM_JOB_ID", "")
         environ["MASTER_PORT"] = str(20000 + int(job) % 20000) if job.isdigit() else "29500"

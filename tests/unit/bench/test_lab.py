@@ -3,6 +3,7 @@
 import dataclasses
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,15 @@ def test_torchrun_restarts_in_place_under_srun_with_its_own_store_per_attempt():
     assert argv[argv.index("--max-restarts=5") + 1:][:2] == ["-m", "slurm_ft.train.example"]
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in script
     assert "scontrol requeue" not in script  # node failures come back through sbatch --requeue only
+
+
+def test_torchruns_rendezvous_address_is_the_head_nodes_or_the_job_stops():
+    """``slurm_ft.slurm.address`` with the job's node count: Slurm's NodeAddr where the name does not resolve, and
+    exit 2 with one line where there is none, never the loopback fallback for several hosts."""
+    script = batch_script(_spec(System.TORCHRUN, nodes=4))
+    [addr] = [line for line in script.splitlines() if line.startswith("addr=")]
+    assert addr == f'addr=$({shlex.quote(sys.executable)} -m slurm_ft.slurm.address "$head" 4) || exit 2'
+    assert "127.0.0.1" not in script
 
 
 def test_torchruns_rendezvous_port_is_never_one_of_the_labs_daemon_ports():

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from slurm_ft.launch.bell import ENV, MIN_GAP_S, Bell, is_ring, ring
-from slurm_ft.slurm.address import node_addr
 from tests.uids import SYSTEM_PYTHON
 
 
@@ -145,20 +144,3 @@ def test_forged_rings_of_another_user_wake_nothing_and_a_flood_does_not_raise_th
         forger.kill()
         forger.wait()
         bell.close()
-
-
-def _resolver(*answers):
-    def resolve(node, port, type=0):
-        return [(family, socket.SOCK_STREAM, 6, "", (addr, 0)) for family, addr in answers]
-    return resolve
-
-
-def test_the_node_address_prefers_ipv4_and_falls_back_to_ipv6():
-    both = _resolver((socket.AF_INET6, "fd00::7"), (socket.AF_INET, "10.0.0.7"))
-    assert node_addr("n7", resolve=both) == "10.0.0.7"
-    assert node_addr("n7", resolve=_resolver((socket.AF_INET6, "fd00::7"))) == "fd00::7"
-
-    def unknown(node, port, type=0):
-        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-    assert node_addr("n7", resolve=unknown) == "127.0.0.1"
-    assert node_addr("localhost") in ("127.0.0.1", "::1")  # the real resolver

@@ -80,3 +80,24 @@ def test_the_run_dir_is_created_private_to_the_jobs_user(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+
+
+def test_a_multi_node_job_whose_node_has_no_address_is_refused_in_one_line(tmp_path):
+    """Names that do not resolve, and a Slurm that knows no NodeAddr for them: the launcher stops as ``config``
+    naming the node, instead of telling the ranks of two hosts to meet at 127.0.0.1."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "Node $5 not found" >&2\nexit 1\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
+    env.update(PATH=f"{fake.parent}:{os.environ['PATH']}", SLURM_JOB_NODELIST="ghost-a.invalid,ghost-b.invalid",
+               SLURMD_NODENAME="ghost-a.invalid", SLURM_FT_RUN_DIR=str(tmp_path / "run"))
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "launch", "--", "python", "t.py"], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if ln.startswith("slurm-ft: config:")]
+    assert "node 'ghost-a.invalid' has no address" in line
+    assert not (tmp_path / "run" / "attempt-1").exists()

@@ -77,8 +77,15 @@ class Runner:
         return self.scripts[len(self.calls) - 1]
 
 
+
+def lab_addr(node: str, nodes: int) -> str:
+    """The lab's answer for every node (Slurm's NodeAddr there): the tests never ask the resolver or scontrol."""
+    return "127.0.0.1"
+
+
 def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn=None, probe=None,
-         set_comment=None, restart_cause=None, requeues=0, comment="", latch=None, requeue=None, **cfg):
+         set_comment=None, restart_cause=None, requeues=0, comment="", latch=None, requeue=None, addr_of=lab_addr,
+         **cfg):
     clock = Clock()
     config = LaunchConfig(command=("python", "train.py"), run_dir=tmp_path / "run", poll_s=1.0,
                           hang_timeout_s=cfg.pop("hang_timeout_s", 10.0), startup_grace_s=cfg.pop("grace", 5.0),
@@ -87,9 +94,9 @@ def make(tmp_path, scripts, *, allocation=("n1", "n2"), states=None, classify_fn
     ports = iter(range(29500, 29600))
     launcher = Launcher(config, allocation=allocation, environ={"PATH": "/bin"}, runner=runner,
                         node_states=(lambda: states[0]) if states is not None else None, classify_fn=classify_fn,
-                        clock=clock, sleep=clock.sleep, port=lambda: next(ports), resume_step=7, probe=probe,
-                        set_comment=set_comment, restart_cause=restart_cause, requeues=requeues, comment=comment,
-                        latch=latch, requeue=requeue)
+                        clock=clock, sleep=clock.sleep, port=lambda: next(ports), addr_of=addr_of,
+                        resume_step=7, probe=probe, set_comment=set_comment, restart_cause=restart_cause,
+                        requeues=requeues, comment=comment, latch=latch, requeue=requeue)
     return launcher, runner, clock
 
 
@@ -119,6 +126,29 @@ def test_success_first_try_builds_srun_and_env(tmp_path):
     assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "1" and env["MASTER_ADDR"]
     assert env["SLURM_FT_RESUME_STEP"] == "7"
     assert [e["event"] for e in events(tmp_path)] == ["attempt_start", "first_step", "exit"]
+
+
+def test_each_attempt_meets_at_its_first_nodes_address_asked_with_its_node_count(tmp_path):
+    """MASTER_ADDR comes from ``slurm_ft.slurm.address`` told how many nodes the attempt spans (a multi-node attempt
+    never falls back to loopback); its refusal ends the launcher as a configuration mistake."""
+    from slurm_ft.slurm.address import NodeAddressError
+
+    asked = []
+
+    def addr_of(node, nodes):
+        asked.append((node, nodes))
+        return "10.0.0.1"
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [Script(run)], allocation=("n1", "n2", "n3"), nodes=2, addr_of=addr_of)
+    assert launcher.run() == 0
+    assert asked == [("n1", 2)] and runner.calls[0][1]["MASTER_ADDR"] == "10.0.0.1"
+
+    def nowhere(node, nodes):
+        raise NodeAddressError(f"node {node!r} has no address")
+    launcher, runner, _ = make(tmp_path, [Script(run)], addr_of=nowhere)
+    with pytest.raises(NodeAddressError, match="'n1'"):
+        launcher.run()
+    assert runner.calls == []
 
 
 def test_the_run_dir_the_launcher_creates_is_the_users_alone(tmp_path):
@@ -706,7 +736,7 @@ def test_standby_starts_once_the_first_attempt_trains_and_serves_only_restarts(t
     clock = Clock()
     runner = Runner([Script(run, code=1, steps=3), standby, Script(run)])
     launcher = Launcher(config, allocation=("n1", "n2"), environ={"PATH": "/bin"}, runner=runner, clock=clock,
-                        sleep=clock.sleep, port=lambda: 29500)
+                        sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr)
     assert launcher.run() == 0
     (first, first_env), (argv, _), (_, second_env) = runner.calls
     assert argv[:8] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2", "--overlap",
@@ -728,7 +758,7 @@ def test_the_standbys_and_the_wrappers_share_a_random_key_that_only_the_launcher
         launcher = Launcher(LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0,
                                          kill_grace_s=3.0, standby=True),
                             allocation=("n1",), environ={"PATH": "/bin", "SLURM_JOB_ID": "4242"}, runner=runner,
-                            clock=clock, sleep=clock.sleep, port=lambda: 29500)
+                            clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr)
         assert launcher.run() == 0
         (_, first_env), (_, standby_env), (_, second_env) = runner.calls
         key = standby_env["SLURM_FT_STANDBY_KEY"]
@@ -750,7 +780,7 @@ def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_pat
     clock = Clock()
     runner = Runner([Script(run, code=1, steps=3), standby, Script(run, code=1, steps=3), Script(run)])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
-                        clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr, probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
     [standby_step] = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert standby_step[1:5] == ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"]
@@ -774,7 +804,7 @@ def test_nodes_whose_standby_step_ended_get_a_new_one_without_the_bad_node(tmp_p
 
     runner = Runner([Script(run, code=1, steps=3), first, Ends(run), second])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
-                        clock=clock, sleep=clock.sleep, port=lambda: 29500, probe=lambda nodes: probe.pop(0))
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr, probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
     steps = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert [a[4] for a in steps] == ["--nodelist=n1,n2,n3", "--nodelist=n1,n3"]  # not on the bad node n2
@@ -789,7 +819,7 @@ def test_no_standby_for_commands_it_cannot_run_or_when_off(tmp_path, command, st
     clock = Clock()
     runner = Runner([Script(run, code=1, steps=3), Script(run)])
     launcher = Launcher(config, allocation=("n1",), environ={"PATH": "/bin"}, runner=runner, clock=clock,
-                        sleep=clock.sleep, port=lambda: 29500)
+                        sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr)
     assert launcher.run() == 0
     assert len(runner.calls) == 2 and "SLURM_FT_STANDBY" not in runner.calls[1][1]
 
@@ -866,14 +896,13 @@ def test_the_launcher_holds_the_store_only_where_every_rank_can_use_it(argv, env
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="cmd"))
     config = config_from_args(parser.parse_args(["launch", *argv]), environ)
-    keeper = store_keeper(config, ["n1", "n2"], environ)
+    keeper = store_keeper(config, ["n1", "n2"], environ, addr="10.0.0.1")
     assert (keeper is not None) == held
     if held:
-        from slurm_ft.slurm.address import master_addr
-
-        assert keeper.python == "python" and keeper.addr == master_addr("n1", {})  # the launcher's own node
+        assert keeper.python == "python" and keeper.addr == "10.0.0.1"  # the launcher's own node's address
         assert keeper.peers == "n1,n2"  # only the allocation's nodes may connect
-        assert store_keeper(config, ["n1", "n2"], {**environ, "SLURM_JOB_NODELIST": "n[1-2]"}).peers == "n[1-2]"
+        assert store_keeper(config, ["n1", "n2"], {**environ, "SLURM_JOB_NODELIST": "n[1-2]"},
+                            addr="10.0.0.1").peers == "n[1-2]"
 
 
 class Silent(Script):
@@ -892,7 +921,7 @@ def test_a_warm_attempt_hung_before_its_first_step_turns_standbys_off_for_the_jo
     hung = Silent(run)
     runner = Runner([Script(run, code=1, steps=3), standby, hung, Script(run)])
     launcher = Launcher(config, allocation=("n1", "n2"), environ={"PATH": "/bin"}, runner=runner, clock=clock,
-                        sleep=clock.sleep, port=lambda: 29500)
+                        sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr)
     assert launcher.run() == 0
     (_, first), _, (_, warm), (_, cold) = runner.calls  # no second standby step either
     assert warm["SLURM_FT_STANDBY"] == "python3" and "SLURM_FT_STANDBY" not in cold
@@ -927,7 +956,7 @@ def test_a_cold_attempt_hung_before_its_first_step_leaves_standbys_on(tmp_path):
     clock = Clock()
     runner = Runner([Silent(run), Script(run), Standby()])  # the standbys start once the second attempt trains
     launcher = Launcher(config, allocation=("n1",), environ={"PATH": "/bin"}, runner=runner, clock=clock,
-                        sleep=clock.sleep, port=lambda: 29500)
+                        sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr)
     assert launcher.run() == 0
     kinds = [e["event"] for e in events(tmp_path)]
     assert "standby_off" not in kinds and kinds.count("standby_start") == 1

@@ -8,7 +8,7 @@ from slurm_ft.health.records import GpuHold
 from slurm_ft.launch.launcher import EX_TEMPFAIL, LaunchConfig, Launcher
 from slurm_ft.launch.rank_env import nccl_defaults
 from slurm_ft.launch.reclaim import Reclaimed
-from tests.unit.launch.test_launcher import Clock, Runner, Script, events
+from tests.unit.launch.test_launcher import Clock, Runner, Script, events, lab_addr
 
 
 class KilledRank(Script):
@@ -44,7 +44,7 @@ def make(tmp_path, scripts, reclaim, *, allocation=("n1", "n2"), environ=None, c
                           kill_grace_s=3.0, **cfg)
     runner = Runner(scripts)
     launcher = Launcher(config, allocation=allocation, environ=environ or {"PATH": "/bin"}, runner=runner,
-                        classify_fn=classify, clock=clock, sleep=clock.sleep, port=lambda: 29500,
+                        classify_fn=classify, clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr,
                         set_comment=comments.append if comments is not None else None, reclaim=reclaim)
     return launcher, runner
 

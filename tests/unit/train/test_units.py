@@ -184,7 +184,7 @@ def test_example_world_from_torchrun_or_srun_env():
     host = socket.gethostname()
     environ = {"SLURM_STEP_NODELIST": host, "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_ID": "123"}
     rendezvous_env(environ)  # rank 0 runs on the step's first node
-    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == (master_addr(host, {}), "20123")
+    assert (environ["MASTER_ADDR"], environ["MASTER_PORT"]) == (master_addr(host, {}, nodes=1), "20123")
     kept = {"MASTER_ADDR": "head", "MASTER_PORT": "1234", "SLURM_JOB_NODELIST": "n1"}
     rendezvous_env(kept)
     assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("head", "1234")

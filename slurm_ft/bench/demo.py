@@ -56,6 +56,7 @@ from slurm_ft.core.taxonomy import Category, culprit_text
 from slurm_ft.lab import gpus as lab_gpus
 from slurm_ft.lab.cluster import LabCluster, LabConfig
 from slurm_ft.lab.faults import crash_node, fault_timing, first_attempt_only, signal_rank
+from slurm_ft.lab.interrupt import run_to_the_end, teardown
 from slurm_ft.slurm.types import JobInfo, JobState
 
 SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held")
@@ -290,16 +291,16 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
     """Run the scenarios; return the summary table and the checks that failed (empty: all held)."""
     lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=4))
     say(f"lab: starting a 4-node Slurm cluster in {lab.dir}")
-    lab.up(progress=lambda m: say(f"lab: {m}"))
-    state = lab.state_dir  # the lab's own, whatever $SLURM_FT_STATE_DIR says
     workdir = cfg.dir / "jobs"
-    workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    env = {**os.environ, **lab.env()}
     runs = [Run(name=name, ckpt=workdir / f"ck-{name}") for name in
             sorted(cfg.scenarios, key=lambda n: (n != "node-death", SCENARIOS.index(n)))]  # longest first
-    if "gpu-held" in cfg.scenarios:
-        say(f"lab: two fake GPUs per node (TEST-ONLY NVML in {lab_gpus.install(lab)})")
-    try:
+    try:  # from the lab's start: a signal while it comes up takes it down too (slurm_ft.lab.interrupt)
+        lab.up(progress=lambda m: say(f"lab: {m}"))
+        state = lab.state_dir  # the lab's own, whatever $SLURM_FT_STATE_DIR says
+        workdir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        env = {**os.environ, **lab.env()}
+        if "gpu-held" in cfg.scenarios:
+            say(f"lab: two fake GPUs per node (TEST-ONLY NVML in {lab_gpus.install(lab)})")
         with MonitorThread(lab, state, cfg.dir / "monitor.log", say) as monitor:
             for run in runs:
                 run.job_id = submit(run, batch_script(cfg, run), env, workdir)
@@ -315,10 +316,11 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
                     _restore(lab, monitor.quarantine, run.victim)
         return table, failed
     finally:
-        if "gpu-held" in cfg.scenarios:
-            lab_gpus.remove(lab)
-        if not cfg.keep_lab:
-            lab.down()
+        with teardown():
+            if "gpu-held" in cfg.scenarios:
+                lab_gpus.remove(lab)
+            if not cfg.keep_lab:
+                lab.down()
 
 
 def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None]) -> None:
@@ -557,6 +559,10 @@ def _main(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
+    return run_to_the_end("demo", lambda: _run(cfg, say, workdir))
+
+
+def _run(cfg: DemoConfig, say: Callable[[str], None], workdir: Path) -> int:
     started = time.monotonic()
     table, failed = run_demo(cfg, say)
     print()

@@ -41,6 +41,7 @@ from slurm_ft.bench import timeline as tl
 from slurm_ft.bench.ettr import Overhead, Span, ettr
 from slurm_ft.bench.lab_jobs import JobSpec, SlurmFtKnobs, System, Workload, batch_script, sbatch_argv
 from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.lab.interrupt import run_to_the_end, teardown
 from slurm_ft.slurm.types import JobState
 from slurm_ft.train.interval import young_daly_interval
 
@@ -190,12 +191,16 @@ class Bench:
 
         self.lab = LabCluster(LabConfig(dir=self.config.dir / "lab", nodes=self.config.lab_nodes))
         self.say(f"lab: starting a {self.config.lab_nodes}-node Slurm cluster in {self.lab.dir}")
-        self.lab.up(progress=lambda m: self.say(f"lab: {m}"))
-        state = self.lab.state_dir
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
-        _open_up(self.config.dir)
-        self.monitor = MonitorThread(self.lab, state, self.config.dir / "monitor.log", lambda line: None)
-        self.monitor.__enter__()
+        try:  # a signal while the lab comes up (slurm_ft.lab.interrupt) takes it down too
+            self.lab.up(progress=lambda m: self.say(f"lab: {m}"))
+            state = self.lab.state_dir
+            self.jobs_dir.mkdir(parents=True, exist_ok=True)
+            _open_up(self.config.dir)
+            self.monitor = MonitorThread(self.lab, state, self.config.dir / "monitor.log", lambda line: None)
+            self.monitor.__enter__()
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -205,8 +210,9 @@ class Bench:
             if self.lab is not None:
                 self._revive_all()
         finally:
-            if self.lab is not None and not self.config.keep_lab:
-                self.lab.down()
+            with teardown():
+                if self.lab is not None and not self.config.keep_lab:
+                    self.lab.down()
 
     def env(self) -> dict[str, str]:
         return {**os.environ, **self.lab.env()}
@@ -814,8 +820,10 @@ def main(argv: Sequence[str] = ()) -> int:
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
-    payload = run_bench(config, say)
-    print(render(payload))
-    for note in write_outputs(config.out, payload):
-        print(note)
-    return 0
+    def body() -> int:
+        payload = run_bench(config, say)
+        print(render(payload))
+        for note in write_outputs(config.out, payload):
+            print(note)
+        return 0
+    return run_to_the_end("bench lab", body)

@@ -1,8 +1,9 @@
 """The real lab cluster for integration tests.
 
 The session fixture ``lab`` starts a 4-node lab (own munged, slurmctld, 4 x slurmd) in a fresh directory under
-/tmp and stops it at the end. With ``SLURM_FT_LAB_DIR`` set it reuses (or starts) that lab and leaves it running,
-which makes re-runs fast during development. Without root or without Slurm installed the lab tests are skipped,
+/tmp and stops it at the end, also when SIGTERM, SIGHUP or SIGINT ends the session (``slurm_ft.lab.interrupt``).
+With ``SLURM_FT_LAB_DIR`` set it reuses (or starts) that lab and leaves it running, which makes re-runs fast
+during development. Without root or without Slurm installed the lab tests are skipped,
 except under ``CI=true``, where they must run: the fixture then fails loudly instead.
 """
 
@@ -23,6 +24,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 from slurm_ft.core import env as ft_env  # noqa: E402
 from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_prerequisites  # noqa: E402
+from slurm_ft.lab.interrupt import signals_end_the_run, teardown  # noqa: E402
 
 LAB_NODES = 4
 
@@ -54,15 +56,17 @@ def lab(request: pytest.FixtureRequest) -> Iterator[LabCluster]:
         return
     lab_dir = Path(tempfile.mkdtemp(prefix="slurm-ft-lab-", dir="/tmp"))
     cluster = LabCluster(LabConfig(dir=lab_dir, nodes=LAB_NODES))
-    try:
-        _start(cluster)
-        yield cluster
-    finally:
-        cluster.down()
-        if request.session.testsfailed:
-            print(f"\nlab logs kept in {lab_dir / 'log'}", file=sys.stderr)
-        else:
-            shutil.rmtree(lab_dir, ignore_errors=True)
+    with signals_end_the_run():  # SIGTERM/SIGHUP (a CI timeout, a closed terminal) end the session as Ctrl-C does
+        try:
+            _start(cluster)
+            yield cluster
+        finally:
+            with teardown():  # the lab goes down whatever ended the session
+                cluster.down()
+                if request.session.testsfailed:
+                    print(f"\nlab logs kept in {lab_dir / 'log'}", file=sys.stderr)
+                else:
+                    shutil.rmtree(lab_dir, ignore_errors=True)
 
 
 def _start(cluster: LabCluster) -> None:

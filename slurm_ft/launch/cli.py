@@ -214,8 +214,7 @@ def _main(args: argparse.Namespace) -> int:
                         requeues=int(requeues) if requeues.isdigit() else 0, restart_cause=restart_cause,
                         latch=latch, preempt=preempt, requeue=requeue, comment=comment, gather_hang=gather_hang,
                         store=store_keeper(config, allocation, environ, addr=here), bell=bell_for(here),
-                        reclaim=reclaim,
-                        request_traces=lambda nodes, run_dir: TraceRequest(nodes, run_dir, environ))
+                        reclaim=reclaim, request_traces=lambda nodes, run_dir: TraceRequest(nodes, run_dir, environ))
     return launcher.run()
 
 

@@ -780,7 +780,8 @@ def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_pat
     clock = Clock()
     runner = Runner([Script(run, code=1, steps=3), standby, Script(run, code=1, steps=3), Script(run)])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
-                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr, probe=lambda nodes: probe.pop(0))
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr,
+                        probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
     [standby_step] = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert standby_step[1:5] == ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"]
@@ -804,7 +805,8 @@ def test_nodes_whose_standby_step_ended_get_a_new_one_without_the_bad_node(tmp_p
 
     runner = Runner([Script(run, code=1, steps=3), first, Ends(run), second])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
-                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr, probe=lambda nodes: probe.pop(0))
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr,
+                        probe=lambda nodes: probe.pop(0))
     assert launcher.run() == 0
     steps = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert [a[4] for a in steps] == ["--nodelist=n1,n2,n3", "--nodelist=n1,n3"]  # not on the bad node n2

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, default_lab_dir
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, Mode, default_lab_dir
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 
@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type
                     help="first of nodes+1 ports (default: a free block, kept across restarts)")
     up.add_argument("--no-hooks", action="store_true",
                     help="do not wire in slurm-ft's prolog/epilog/SPANK plugin")
+    up.add_argument("--hosts", action="store_true",
+                    help="every node a host of its own: network, hostname, PID and mount namespaces on a lab "
+                         "bridge (default: all nodes on 127.0.0.1)")
     up.add_argument("--fresh", action="store_true", help="stop the lab and clear its Slurm state first")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
     up.set_defaults(func=_up)
@@ -48,7 +51,7 @@ def _cluster(args: argparse.Namespace) -> LabCluster:
         config = LabConfig(
             dir=args.dir or default_lab_dir(), nodes=getattr(args, "nodes", 4), cpus_per_node=getattr(args, "cpus", 2),
             base_port=getattr(args, "base_port", None), hooks=not getattr(args, "no_hooks", False),
-            start_timeout=getattr(args, "timeout", 60.0),
+            start_timeout=getattr(args, "timeout", 60.0), hosts=getattr(args, "hosts", False),
         )
     except ValueError as exc:
         raise LabError(str(exc)) from exc
@@ -76,6 +79,8 @@ def _status(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     nodes, jobs = cluster.status()
     print(f"lab {cluster.dir} (SLURM_CONF={cluster.conf_path})")
+    print(f"mode: {cluster.mode.value}" + (f" ({cluster.host_plan.subnet}, bridge {cluster.host_plan.bridge})"
+                                          if cluster.mode is Mode.HOSTS else ""))
     print(format_nodes(nodes))
     print()
     print(format_jobs(jobs))

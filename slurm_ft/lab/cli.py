@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, Mode, default_lab_dir
+from slurm_ft.lab.faults import NetFault, inject
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 
@@ -32,6 +33,14 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type
     up.add_argument("--fresh", action="store_true", help="stop the lab and clear its Slurm state first")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
     up.set_defaults(func=_up)
+
+    fault = sub.add_parser("fault", help="hosts mode: pull, plug or throttle a node's link, or kill its host",
+                           description="Network faults on a lab started with `lab up --hosts`.")
+    _add_dir(fault)
+    fault.add_argument("fault", choices=[f.value for f in NetFault], help="what happens to the node")
+    fault.add_argument("node", help="node name (n1..nN)")
+    fault.add_argument("rate", nargs="?", default=None, help="slow-link: tc rate such as 10mbit")
+    fault.set_defaults(func=_fault)
 
     for action, func, text in (("down", _down, "stop exactly the daemons `up` started"),
                                ("status", _status, "show the lab's nodes and jobs"),
@@ -84,6 +93,17 @@ def _status(args: argparse.Namespace) -> int:
     print(format_nodes(nodes))
     print()
     print(format_jobs(jobs))
+    return 0
+
+
+def _fault(args: argparse.Namespace) -> int:
+    cluster = LabCluster.attach(args.dir or default_lab_dir())
+    try:
+        killed = inject(cluster, args.fault, args.node, args.rate)
+    except ValueError as exc:
+        raise LabError(str(exc)) from exc
+    detail = f" ({len(killed)} processes killed)" if args.fault == NetFault.HOST_DEATH.value else ""
+    print(f"{args.fault} {args.node}{' ' + args.rate if args.rate else ''}: done{detail}")
     return 0
 
 

@@ -278,8 +278,12 @@ class LabCluster:
         self.set_link(name, up=False)
         if holder is None:
             return []
-        victims = [pid for pid in procs.descendants(holder.pid)]
+        namespace = procs.pid_namespace(holder.pid)
+        victims = procs.in_pid_namespace(namespace)
         procs.stop([holder], timeout=0.0)
+        deadline = time.monotonic() + 10.0  # the kernel kills the rest of the namespace after its init
+        while procs.in_pid_namespace(namespace) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return victims
 
     def set_link(self, name: str, *, up: bool) -> None:

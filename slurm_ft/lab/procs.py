@@ -82,6 +82,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def pid_namespace(pid: int) -> str:
+    """The PID namespace of ``pid`` (``pid:[4026532382]``; '' when gone)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def in_pid_namespace(namespace: str) -> list[int]:
+    """Every live (not zombie) pid, as this namespace numbers them, in PID namespace ``namespace``."""
+    return [pid for pid in all_pids() if namespace and pid_namespace(pid) == namespace
+            and (_stat(pid) or ("Z", 0))[0] != "Z"]
+
+
 def parent(pid: int) -> int:
     """The parent pid of ``pid`` (0 when gone)."""
     try:

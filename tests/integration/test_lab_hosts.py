@@ -1,4 +1,5 @@
-"""The lab in hosts mode (``lab up --hosts``): every node a host of its own, and ``down`` leaves nothing behind.
+"""The lab in hosts mode (``lab up --hosts``): every node a host of its own, real network faults (link down and
+up, a throttled link, the death of a whole host), and ``down`` leaves nothing behind.
 
 Its own 3-node lab (not the session ``lab``): three hosts with their own hostname, address, /tmp and PID space,
 seen from ``srun -N3`` run on the controller's host, as a user of a real cluster would.
@@ -18,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from labutil import wait_for
 
-from slurm_ft.lab import hosts, procs
+from slurm_ft.lab import faults, hosts, ports, procs
 from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_host_tools, check_prerequisites
 
 pytestmark = pytest.mark.lab
@@ -91,6 +93,67 @@ def test_status_says_hosts_mode(hosts_lab):
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].startswith(f"mode: hosts ({hosts_lab.host_plan.subnet}")
+
+
+def _reaches(lab: LabCluster, src: str, dst: str) -> bool:
+    """Whether node ``src`` can open a TCP connection to node ``dst``'s slurmd."""
+    addr = lab.host_plan.node(dst).addr
+    line = _srun(lab, "-w", src, "bash", "-c", f"timeout 1 bash -c '</dev/tcp/{addr}/6818' && echo reach || echo cut")
+    return line[0][1] == "reach"
+
+
+def test_link_down_cuts_the_node_off_until_link_up(hosts_lab):
+    n3 = hosts_lab.host_plan.node("n3").addr
+    assert ports.can_connect(hosts.SLURMD_PORT, n3) and _reaches(hosts_lab, "n1", "n3")
+    faults.link_down(hosts_lab, "n3")
+    try:
+        assert not ports.can_connect(hosts.SLURMD_PORT, n3)  # not from the controller's host
+        assert not _reaches(hosts_lab, "n1", "n3")  # nor from another node
+        assert _reaches(hosts_lab, "n1", "n2")  # the others are unharmed
+    finally:
+        faults.link_up(hosts_lab, "n3")
+    wait_for(lambda: ports.can_connect(hosts.SLURMD_PORT, n3), 15, message="n3 reachable after link-up")
+    assert _reaches(hosts_lab, "n1", "n3")
+
+
+def test_slow_link_throttles_both_ends_of_the_cable_until_lifted(hosts_lab):
+    node = hosts_lab.host_plan.node("n2")
+    outside = ["tc", "qdisc", "show", "dev", node.veth]
+    inside = ["ip", "netns", "exec", node.netns, "tc", "qdisc", "show", "dev", "eth0"]
+    with pytest.raises(ValueError, match="rate: 'fast'"):
+        faults.slow_link(hosts_lab, "n2", "fast")
+    faults.slow_link(hosts_lab, "n2", "2mbit")
+    try:
+        for argv in (outside, inside):
+            shown = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            assert "tbf" in shown and "rate 2Mbit" in shown, shown
+        assert _reaches(hosts_lab, "n1", "n2")  # slow, not cut
+    finally:
+        faults.slow_link(hosts_lab, "n2", None)
+    assert all("tbf" not in subprocess.run(a, capture_output=True, text=True, check=True).stdout
+               for a in (outside, inside))
+
+
+def test_node_death_kills_the_whole_host_which_comes_back_empty(hosts_lab):
+    _srun(hosts_lab, "-w", "n3", "sh", "-c", "echo held > /tmp/sft-held")
+    # Idle first: a host that dies while its job completes leaves it COMPLETING in slurmctld (as on a real cluster).
+    wait_for(lambda: _idle(hosts_lab, "n3"), 30, message="n3 idle")
+    holder = procs.Daemon.from_dict(next(d for d in _daemons(hosts_lab) if d["name"] == "host-n3"))
+    pid_ns = os.readlink(f"/proc/{holder.pid}/ns/pid")
+    on_host = procs.in_pid_namespace(pid_ns)
+    assert len(on_host) >= 2  # the holder and slurmd at least
+    killed = faults.crash_node(hosts_lab, "n3")
+    assert set(on_host) <= set(killed)
+    assert not [pid for pid in procs.in_pid_namespace(pid_ns) if _alive(pid)]
+    assert not ports.can_connect(hosts.SLURMD_PORT, hosts_lab.host_plan.node("n3").addr)  # and its link is down
+    hosts_lab.start_node("n3")
+    after = dict(_srun(hosts_lab, "-w", "n3", "sh", "-c", "echo $(hostname) $(cat /tmp/sft-held 2>/dev/null || echo gone)"))
+    assert list(after.values()) == ["n3 gone"]
+
+
+def _idle(lab: LabCluster, name: str) -> bool:
+    node = next(n for n in lab.client().nodes() if n.name == name)
+    return "IDLE" in node.state and "COMPLETING" not in node.state
 
 
 def _daemons(lab: LabCluster) -> list[dict]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_ft.lab import hosts
-from slurm_ft.lab.cluster import LabError, check_host_tools
+from slurm_ft.lab import faults, hosts
+from slurm_ft.lab.cluster import LabError, Mode, check_host_tools
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
 
 NODES = ("n1", "n2", "n3")
@@ -169,3 +169,56 @@ def test_missing_host_tools_are_named_with_their_package():
     with pytest.raises(LabError, match=r"hosts mode needs nsenter, unshare: .*util-linux"):
         check_host_tools(which=lambda p: None if p in ("nsenter", "unshare") else f"/usr/bin/{p}")
     check_host_tools(which=lambda p: f"/usr/bin/{p}")
+
+
+class _FakeLab:
+    """Records the fault calls a LabCluster in hosts mode would get."""
+
+    def __init__(self, mode: str = "hosts") -> None:
+        self.calls: list[tuple] = []
+        self.mode = Mode(mode)
+
+    def set_link(self, name, *, up):
+        self.calls.append(("link", name, up))
+
+    def throttle_link(self, name, rate):
+        self.calls.append(("tbf", name, rate))
+
+    def kill_host(self, name):
+        self.calls.append(("kill_host", name))
+        return [7, 8]
+
+    def stop_node(self, name):
+        self.calls.append(("stop_node", name))
+
+
+@pytest.mark.parametrize("rate", ["10mbit", "500kbit", "1.5mbps", "64bit"])
+def test_check_rate_accepts_tc_rates(rate):
+    assert faults.check_rate(rate) == rate
+
+
+@pytest.mark.parametrize("rate", ["fast", "10", "10 mbit", "-1mbit", "10mbit;reboot"])
+def test_check_rate_names_a_bad_rate(rate):
+    with pytest.raises(ValueError, match=r"^rate: "):
+        faults.check_rate(rate)
+
+
+def test_inject_maps_each_network_fault_to_the_lab():
+    lab = _FakeLab()
+    faults.inject(lab, "link-down", "n2")
+    faults.inject(lab, "link-up", "n2")
+    faults.inject(lab, "slow-link", "n3", "2mbit")
+    faults.inject(lab, "fast-link", "n3")
+    assert faults.inject(lab, "host-death", "n1") == [7, 8]
+    assert lab.calls == [("link", "n2", False), ("link", "n2", True), ("tbf", "n3", "2mbit"), ("tbf", "n3", None),
+                         ("kill_host", "n1")]
+    with pytest.raises(ValueError, match="rate: slow-link needs a rate"):
+        faults.inject(lab, "slow-link", "n3")
+    with pytest.raises(ValueError, match="'unplug'"):
+        faults.inject(lab, "unplug", "n3")
+
+
+def test_crash_node_is_the_death_of_the_host_in_hosts_mode():
+    lab = _FakeLab()
+    assert faults.crash_node(lab, "n2") == [7, 8]
+    assert lab.calls == [("kill_host", "n2")]

@@ -225,6 +225,7 @@ class LabCluster:
                 if running or state.get("daemons"):
                     say("lab config changed or partly down: restarting it")
                     self._stop_daemons(say)
+                    self._network_down(say)  # hosts mode's network, also when the new config has none
                     if self._ports_taken(layout):
                         layout = self._layout({})
                         conf = render_slurm_conf(layout, extra)

@@ -9,7 +9,9 @@ on a node through ``nsenter`` into its holder. Killing the holder kills everythi
 
 Nodes route only their own /24 (no default route), so they reach the lab's other nodes and the controller's
 bridge address, nothing else. Who may talk to a node: anything on this machine's root network namespace (root
-owns the bridge); munge authenticates every Slurm message as before.
+owns the bridge); munge authenticates every Slurm message as before. Unlike single-address mode, slurm.conf has
+no ``NoInAddrAny`` (srun must listen where the nodes call back), so slurmctld's port is bound on every address of
+the root namespace, not only 127.0.0.1: still munge-authenticated with the lab's own key (root-only, 0600).
 """
 
 from __future__ import annotations

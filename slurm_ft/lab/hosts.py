@@ -196,8 +196,8 @@ def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
 
 def holder_argv(node: NodeHost, script: str) -> list[str]:
     """Start a node: its network namespace (entered with nsenter, not ``ip netns exec``, which remounts /sys
-    and so hides /sys/fs/cgroup, which slurmd needs), then fresh PID (the script is its pid 1), mount and UTS namespaces,
-    a fresh /proc; ``--kill-child``: the node dies with the unshare that started it."""
+    and so hides /sys/fs/cgroup, which slurmd needs), then fresh PID (the script is its pid 1), mount and UTS
+    namespaces, a fresh /proc; ``--kill-child``: the node dies with the unshare that started it."""
     return ["nsenter", f"--net={NETNS_DIR}/{node.netns}", "unshare", "--pid", "--fork", "--mount", "--uts",
             "--kill-child", "--mount-proc", "/bin/sh", "-c", script, f"{HOLDER_TAG}-setup"]
 

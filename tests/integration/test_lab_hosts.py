@@ -147,7 +147,8 @@ def test_node_death_kills_the_whole_host_which_comes_back_empty(hosts_lab):
     assert not [pid for pid in procs.in_pid_namespace(pid_ns) if _alive(pid)]
     assert not ports.can_connect(hosts.SLURMD_PORT, hosts_lab.host_plan.node("n3").addr)  # and its link is down
     hosts_lab.start_node("n3")
-    after = dict(_srun(hosts_lab, "-w", "n3", "sh", "-c", "echo $(hostname) $(cat /tmp/sft-held 2>/dev/null || echo gone)"))
+    held = "echo $(hostname) $(cat /tmp/sft-held 2>/dev/null || echo gone)"
+    after = dict(_srun(hosts_lab, "-w", "n3", "sh", "-c", held))
     assert list(after.values()) == ["n3 gone"]
 
 

@@ -77,13 +77,13 @@ def test_network_up_builds_bridge_then_one_namespace_and_veth_per_node():
     assert not any("route" in argv for argv in hosts.network_up_commands(plan))  # no way out of the /24
 
 
-IP_LINK = """1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000\\    link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00
-4: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1400 qdisc pfifo_fast state UP mode DEFAULT group default qlen 1000\\    link/ether 02:fc:00:00:00:01 brd ff:ff:ff:ff:ff:ff
-7: sftab12cd34: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 0a:1b brd ff:ff:ff:ff:ff:ff
-9: sftab12cd341@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue master sftab12cd34 state UP\\    link/ether 0a:1c
-10: sftab12cd3410@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue master sftab12cd34 state UP\\    link/ether 0a:1d
-11: sftffffffff1@if2: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN\\    link/ether 0a:1e
-"""
+IP_LINK = "".join(f"{line}\\    link/ether 0a:1b brd ff:ff:ff:ff:ff:ff\n" for line in (
+    "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN mode DEFAULT group default qlen 1000",
+    "4: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1400 qdisc pfifo_fast state UP mode DEFAULT group default",
+    "7: sftab12cd34: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default",
+    "9: sftab12cd341@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue master sftab12cd34 state UP",
+    "10: sftab12cd3410@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue master sftab12cd34 state UP",
+    "11: sftffffffff1@if2: <BROADCAST,MULTICAST> mtu 1500 qdisc noop state DOWN"))
 IP_NETNS = "sft-ab12cd34-n1 (id: 0)\nsft-ab12cd34-n10 (id: 1)\nsft-ffffffff-n1 (id: 2)\nsomeone-elses\n"
 
 

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, default_lab_dir
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, Mode, default_lab_dir
+from slurm_ft.lab.faults import NetFault, inject
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 
@@ -26,9 +27,20 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type
                     help="first of nodes+1 ports (default: a free block, kept across restarts)")
     up.add_argument("--no-hooks", action="store_true",
                     help="do not wire in slurm-ft's prolog/epilog/SPANK plugin")
+    up.add_argument("--hosts", action="store_true",
+                    help="every node a host of its own: network, hostname, PID and mount namespaces on a lab "
+                         "bridge (default: all nodes on 127.0.0.1)")
     up.add_argument("--fresh", action="store_true", help="stop the lab and clear its Slurm state first")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
     up.set_defaults(func=_up)
+
+    fault = sub.add_parser("fault", help="hosts mode: pull, plug or throttle a node's link, or kill its host",
+                           description="Network faults on a lab started with `lab up --hosts`.")
+    _add_dir(fault)
+    fault.add_argument("fault", choices=[f.value for f in NetFault], help="what happens to the node")
+    fault.add_argument("node", help="node name (n1..nN)")
+    fault.add_argument("rate", nargs="?", default=None, help="slow-link: tc rate such as 10mbit")
+    fault.set_defaults(func=_fault)
 
     for action, func, text in (("down", _down, "stop exactly the daemons `up` started"),
                                ("status", _status, "show the lab's nodes and jobs"),
@@ -48,7 +60,7 @@ def _cluster(args: argparse.Namespace) -> LabCluster:
         config = LabConfig(
             dir=args.dir or default_lab_dir(), nodes=getattr(args, "nodes", 4), cpus_per_node=getattr(args, "cpus", 2),
             base_port=getattr(args, "base_port", None), hooks=not getattr(args, "no_hooks", False),
-            start_timeout=getattr(args, "timeout", 60.0),
+            start_timeout=getattr(args, "timeout", 60.0), hosts=getattr(args, "hosts", False),
         )
     except ValueError as exc:
         raise LabError(str(exc)) from exc
@@ -76,9 +88,22 @@ def _status(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     nodes, jobs = cluster.status()
     print(f"lab {cluster.dir} (SLURM_CONF={cluster.conf_path})")
+    print(f"mode: {cluster.mode.value}" + (f" ({cluster.host_plan.subnet}, bridge {cluster.host_plan.bridge})"
+                                          if cluster.mode is Mode.HOSTS else ""))
     print(format_nodes(nodes))
     print()
     print(format_jobs(jobs))
+    return 0
+
+
+def _fault(args: argparse.Namespace) -> int:
+    cluster = LabCluster.attach(args.dir or default_lab_dir())
+    try:
+        killed = inject(cluster, args.fault, args.node, args.rate)
+    except ValueError as exc:
+        raise LabError(str(exc)) from exc
+    detail = f" ({len(killed)} processes killed)" if args.fault == NetFault.HOST_DEATH.value else ""
+    print(f"{args.fault} {args.node}{' ' + args.rate if args.rate else ''}: done{detail}")
     return 0
 
 

@@ -1,12 +1,17 @@
-"""A real Slurm cluster on this host: its own munged, one slurmctld and N ``slurmd -N nK``, all on loopback.
+"""A real Slurm cluster on this host: its own munged, one slurmctld and N ``slurmd -N nK``.
 
+Two modes. Single-address (the default): every node is 127.0.0.1 with this host's name, one slurmd port each.
+Hosts (``hosts=True``, ``lab up --hosts``): every node is a host of its own (``slurm_ft.lab.hosts``: network, UTS,
+PID and mount namespaces on a lab bridge), slurmctld stays in the root namespace on the bridge's address.
 Everything lives in one lab directory (config, munge key and socket, state, spool, logs, pids), so several labs
-run side by side on one host. ``up`` is idempotent; ``down`` stops exactly the daemons ``up`` started.
+run side by side on one host. ``up`` is idempotent; ``down`` stops exactly the daemons ``up`` started (and in hosts
+mode removes its namespaces, interfaces and bridge).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import logging
@@ -14,6 +19,7 @@ import os
 import shutil
 import socket
 import stat
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,7 +28,7 @@ from typing import Any
 from slurm_ft.cluster import admin
 from slurm_ft.core import env as ft_env
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.lab import ports, procs, slurmconf
+from slurm_ft.lab import hosts, ports, procs, slurmconf
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
 from slurm_ft.slurm.cli_backend import CliSlurmClient
 from slurm_ft.slurm.parsers import parse_version
@@ -41,6 +47,14 @@ MAX_DIR_LENGTH = 72  # unix socket paths (munge, slurmstepd) must stay under 108
 STATE_FILE = "lab.json"
 LAB_STATE_DIR = "state"  # slurm-ft's state dir inside the lab (hook_lines writes its site config so)
 LAB_SITE_CONFIG = "etc/slurm-ft/config.toml"
+HOSTS_FILE = "hosts"  # the lab's /etc/hosts in hosts mode (bound over /etc/hosts on every node and for slurmctld)
+
+
+class Mode(str, enum.Enum):
+    """How the lab's nodes exist: all on one address, or each a host of its own."""
+
+    SINGLE_ADDRESS = "single-address"
+    HOSTS = "hosts"
 
 
 class LabError(SlurmFtError):
@@ -71,6 +85,7 @@ class LabConfig:
     slurm_user: str = "root"
     extra_conf: tuple[str, ...] = ()  # more slurm.conf lines, appended last
     start_timeout: float = 60.0
+    hosts: bool = False  # each node a host of its own (namespaces on a lab bridge), see slurm_ft.lab.hosts
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).expanduser().absolute())
@@ -114,6 +129,8 @@ class LabCluster:
             recorded["nodes"] = len(state["nodes"])
         if state.get("cpus_per_node"):
             recorded["cpus_per_node"] = int(state["cpus_per_node"])
+        if state.get("mode") == Mode.HOSTS.value:
+            recorded["hosts"] = True
         return cls(LabConfig(dir=Path(lab_dir), **{**recorded, **overrides}))
 
     # --- paths and identity ----------------------------------------------------------------------------------
@@ -142,6 +159,23 @@ class LabCluster:
     def site_config(self) -> Path:
         return self.dir / LAB_SITE_CONFIG
 
+    @property
+    def mode(self) -> Mode:
+        """The mode of the running lab as recorded, else the configured one."""
+        recorded = self._read_state().get("mode")
+        if recorded:
+            return Mode(recorded)
+        return Mode.HOSTS if self.config.hosts else Mode.SINGLE_ADDRESS
+
+    @property
+    def host_plan(self) -> hosts.HostPlan:
+        """Names and addresses of this lab's hosts (hosts mode): its recorded nodes, else the configured ones."""
+        return hosts.plan_for(self.dir, self._recorded_nodes(self._read_state()) or self.node_names)
+
+    @property
+    def hosts_path(self) -> Path:
+        return self.dir / HOSTS_FILE
+
     def env(self) -> dict[str, str]:
         """Environment for Slurm and slurm-ft commands against this lab (merge into ``os.environ``): its
         slurm.conf, its slurm-ft site config and state dir, so nothing of the lab lands outside its directory
@@ -158,6 +192,8 @@ class LabCluster:
         state = self._read_state()
         daemons = state.get("daemons", [])
         expected = {"munged", "slurmctld", *(f"slurmd-{n}" for n in self._recorded_nodes(state))}
+        if state.get("mode") == Mode.HOSTS.value:
+            expected |= {f"host-{n}" for n in self._recorded_nodes(state)}
         recorded = {procs.Daemon.from_dict(d).name for d in daemons}
         return bool(daemons) and expected <= recorded and all(
             procs.is_running(procs.Daemon.from_dict(d)) for d in daemons)
@@ -166,6 +202,8 @@ class LabCluster:
         """Start the lab (or reuse it when already up with the same config) and wait until all nodes are ready."""
         say = progress or (lambda _msg: None)
         check_prerequisites()
+        if self.config.hosts:
+            check_host_tools()
         if fresh:
             self.down(progress=progress)
             self._clear_state()
@@ -187,6 +225,7 @@ class LabCluster:
                 if running or state.get("daemons"):
                     say("lab config changed or partly down: restarting it")
                     self._stop_daemons(say)
+                    self._network_down(say)  # hosts mode's network, also when the new config has none
                     if self._ports_taken(layout):
                         layout = self._layout({})
                         conf = render_slurm_conf(layout, extra)
@@ -199,9 +238,11 @@ class LabCluster:
         say = progress or (lambda _msg: None)
         state = self._read_state()
         if not state.get("daemons"):
+            self._network_down(say)
             say(f"no lab running in {self.dir}")
             return
         self._stop_daemons(say)
+        self._network_down(say)
         runtime = self._munge_socket_dir()
         if runtime != self.dir / "munge":
             shutil.rmtree(runtime, ignore_errors=True)
@@ -222,10 +263,55 @@ class LabCluster:
             return
         state = self._read_state()
         state["daemons"] = [d for d in state.get("daemons", []) if d.get("name") != f"slurmd-{name}"]
+        hosted = state.get("mode") == Mode.HOSTS.value
         with ports.host_lock():
-            self._spawn(state, f"slurmd-{name}", self._slurmd_argv(name), self._daemon_env())
-        port = int(state["ports"]["base"]) + self.node_names.index(name) + 1
-        self._wait_for(lambda: ports.can_connect(port), f"slurmd {name} port", f"slurmd-{name}")
+            if hosted:
+                self._ensure_host(state, name)
+            self._spawn_slurmd(state, name, self._daemon_env())
+        host, port = self._slurmd_address(state, name)
+        self._wait_for(lambda: ports.can_connect(port, host), f"slurmd {name} port", f"slurmd-{name}")
+
+    def kill_host(self, name: str) -> list[int]:
+        """Fault injection (hosts mode): node ``name`` dies as a host: its cable goes down and every process in
+        its namespaces is SIGKILLed (its PID namespace's init first: the kernel kills the rest). Returns the pids
+        that were on it. ``start_node`` brings it back, empty (fresh /tmp, /dev/shm, /run)."""
+        holder = self._host_holder(name)
+        self.set_link(name, up=False)
+        if holder is None:
+            return []
+        namespace = procs.pid_namespace(holder.pid)
+        victims = procs.in_pid_namespace(namespace)
+        procs.stop([holder], timeout=0.0)
+        deadline = time.monotonic() + 10.0  # the kernel kills the rest of the namespace after its init
+        while procs.in_pid_namespace(namespace) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return victims
+
+    def set_link(self, name: str, *, up: bool) -> None:
+        """Fault injection (hosts mode): node ``name``'s cable (its veth on the lab bridge) up or down."""
+        self._require_hosts()
+        _run(hosts.link_command(self.host_plan.node(self._known_node(name)), up))
+
+    def throttle_link(self, name: str, rate: str | None) -> None:
+        """Fault injection (hosts mode): limit node ``name``'s link to ``rate`` both ways (tbf), None: lift it."""
+        self._require_hosts()
+        node = self.host_plan.node(self._known_node(name))
+        if rate is None:
+            for argv in hosts.untbf_commands(node):
+                run_command(argv, timeout=15)  # absent when never throttled: fine
+            return
+        for argv in hosts.tbf_commands(node, rate):
+            _run(argv)
+
+    def _require_hosts(self) -> None:
+        if self.mode is not Mode.HOSTS:
+            raise LabError(f"the lab in {self.dir} runs in {self.mode.value} mode; network faults need "
+                           "`slurm-ft lab up --hosts`")
+
+    def _host_holder(self, name: str) -> procs.Daemon | None:
+        self._require_hosts()
+        holder = self._find_daemon(f"host-{self._known_node(name)}")
+        return holder if holder is not None and procs.is_running(holder) else None
 
     def status(self) -> tuple[list[NodeInfo], list[JobInfo]]:
         """Nodes and jobs of the running lab (one sinfo and one squeue call)."""
@@ -245,9 +331,14 @@ class LabCluster:
             base = int(recorded["base"])
         else:
             base = ports.pick_block(count + 1)
+        placed: dict[str, Any] = {"node_ports": tuple(base + 1 + i for i in range(count))}
+        if self.config.hosts:
+            plan = hosts.plan_for(self.dir, self.node_names)
+            placed = {"node_ports": (hosts.SLURMD_PORT,) * count, "node_addrs": tuple(h.addr for h in plan.nodes),
+                      "ctld_addr": plan.bridge_addr}
         return LabLayout(
             dir=self.dir, cluster_name=self.cluster_name, hostname=socket.gethostname(), ctld_port=base,
-            node_ports=tuple(base + 1 + i for i in range(count)), cpus_per_node=self.config.cpus_per_node,
+            **placed, cpus_per_node=self.config.cpus_per_node,
             memory_mb=self.config.memory_mb, slurm_user=self.config.slurm_user,
             slurmd_timeout=self.config.slurmd_timeout, min_job_age=self.config.min_job_age,
             munge_socket_dir=self._munge_socket_dir(), slurm_version=daemon_version(),
@@ -261,7 +352,8 @@ class LabCluster:
         return base / "slurm-ft" / self.cluster_name
 
     def _ports_taken(self, layout: LabLayout) -> bool:
-        return not all(ports.port_is_free(p) for p in (layout.ctld_port, *layout.node_ports))
+        mine = (layout.ctld_port,) if layout.hosts_mode else (layout.ctld_port, *layout.node_ports)
+        return not all(ports.port_is_free(p) for p in mine)
 
     def _extra_lines(self, say: Progress) -> list[str]:
         lines = list(hook_lines(self.dir, slurm_user=self.config.slurm_user)) if self.config.hooks else []
@@ -274,27 +366,105 @@ class LabCluster:
         for stale in layout.run_dir.glob("*.pid"):
             stale.unlink()
         daemon_env = self._daemon_env()
+        mode = Mode.HOSTS if layout.hosts_mode else Mode.SINGLE_ADDRESS
         state: dict[str, Any] = {
-            "version": 1, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
+            "version": 1, "mode": mode.value, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
             "nodes": list(layout.node_names), "cpus_per_node": layout.cpus_per_node, "daemons": [],
         }
         try:
+            if mode is Mode.HOSTS:
+                self._network_up(layout, say)
             say("starting munged")
             self._spawn(state, "munged", munged_argv(layout), daemon_env)
             self._wait_for(lambda: layout.munge_socket.exists(), "munged socket", "munged")
             say(f"starting slurmctld on port {layout.ctld_port}")
-            self._spawn(state, "slurmctld", [_program("slurmctld"), "-D", "-f", str(self.conf_path)], daemon_env)
+            ctld = [_program("slurmctld"), "-D", "-f", str(self.conf_path)]
+            wrapped = hosts.controller_argv(self.hosts_path, ctld) if mode is Mode.HOSTS else None
+            self._spawn(state, "slurmctld", wrapped or ctld, daemon_env, final_argv=ctld if wrapped else None)
             self._wait_for(lambda: ports.can_connect(layout.ctld_port), "slurmctld port", "slurmctld")
+            if mode is Mode.HOSTS:
+                say(f"starting {len(layout.node_names)} hosts on {self.host_plan.subnet}")
+                for name in layout.node_names:
+                    self._start_host(state, name, layout)
             say(f"starting {len(layout.node_names)} slurmd ({', '.join(layout.node_names)})")
             for name in layout.node_names:
-                self._spawn(state, f"slurmd-{name}", self._slurmd_argv(name), daemon_env)
-            for name, port in zip(layout.node_names, layout.node_ports):
-                self._wait_for(lambda p=port: ports.can_connect(p), f"slurmd {name} port", f"slurmd-{name}")
+                self._spawn_slurmd(state, name, daemon_env)
+            for name in layout.node_names:
+                host, port = self._slurmd_address(state, name)
+                self._wait_for(lambda h=host, p=port: ports.can_connect(p, h), f"slurmd {name} port",
+                               f"slurmd-{name}")
         except BaseException:
             self._write_state(state)
             self._stop_daemons(say)
+            self._network_down(say)
             raise
         self._write_state(state)
+
+    def _spawn_slurmd(self, state: dict[str, Any], name: str, env: Mapping[str, str]) -> None:
+        """slurmd of ``name``: a process on this host, or (hosts mode) entered into the node's namespaces."""
+        argv = self._slurmd_argv(name)
+        if state.get("mode") != Mode.HOSTS.value:
+            self._spawn(state, f"slurmd-{name}", argv, env)
+            return
+        holder = next((procs.Daemon.from_dict(d) for d in state["daemons"] if d["name"] == f"host-{name}"), None)
+        if holder is None or not procs.is_running(holder):
+            raise LabError(f"host {name} is not running; {self._log_tail(f'host-{name}')}")
+        self._spawn(state, f"slurmd-{name}", hosts.enter_argv(holder.pid, argv), env, final_argv=argv)
+
+    def _slurmd_address(self, state: Mapping[str, Any], name: str) -> tuple[str, int]:
+        if state.get("mode") == Mode.HOSTS.value:
+            return self.host_plan.node(name).addr, hosts.SLURMD_PORT
+        return "127.0.0.1", int(state["ports"]["base"]) + self.node_names.index(name) + 1
+
+    # --- hosts mode: network, node hosts ----------------------------------------------------------------------
+    def _network_up(self, layout: LabLayout, say: Progress) -> None:
+        """The bridge, every node's namespace and veth (after clearing leftovers of an earlier run of this lab),
+        and the lab's hosts file."""
+        plan = hosts.plan_for(self.dir, layout.node_names)
+        self._network_down(lambda _m: None)
+        taken = hosts.subnet_in_use(plan, run_command(["ip", "-o", "-4", "addr", "show"], timeout=15).stdout)
+        if taken:
+            raise LabError(f"the lab's subnet {plan.subnet} (from its dir {self.dir}) is in use here ({taken}); "
+                           "choose another --dir")
+        _atomic_write(self.hosts_path, hosts.hosts_file(plan, layout.hostname), mode=0o644)
+        say(f"network: bridge {plan.bridge} {plan.bridge_addr}/{plan.prefix_len}, "
+            f"{len(plan.nodes)} namespaces ({plan.nodes[0].netns} ...)")
+        for argv in hosts.network_up_commands(plan):
+            _run(argv)
+
+    def _network_down(self, say: Progress) -> None:
+        """Remove this lab's veths, namespaces and bridge, whichever exist (found by the lab's tag in their
+        names, so a node count changed since ``up`` leaves nothing behind; nothing else is touched)."""
+        links = hosts.link_names(run_command(["ip", "-o", "link", "show"], timeout=15).stdout)
+        spaces = hosts.netns_names(run_command(["ip", "netns", "list"], timeout=15).stdout)
+        commands = hosts.network_down_commands(hosts.lab_tag(self.dir), links, spaces)
+        for argv in commands:
+            run_command(argv, timeout=15)
+        if commands:
+            say(f"removed the lab network: {sum(a[1] == 'netns' for a in commands)} namespaces, "
+                f"{sum(a[1] == 'link' for a in commands)} interfaces")
+
+    def _start_host(self, state: dict[str, Any], name: str, layout: LabLayout | None = None) -> None:
+        node = self.host_plan.node(name)
+        shared = [self.dir]
+        socket_dir = self._munge_socket_dir()
+        if not socket_dir.is_relative_to(self.dir):
+            shared.append(socket_dir)
+        final = hosts.holder_final_argv(sys.executable, node, self.dir)
+        script = hosts.holder_script(node, shared=shared, hosts_path=self.hosts_path, final_argv=final)
+        self._spawn(state, f"host-{name}", hosts.holder_argv(node, script), self._daemon_env(), final_argv=final)
+        holder = self._find_daemon(f"host-{name}")
+        if holder is None or not procs.is_running(holder):
+            raise LabError(f"host {name} did not start; {self._log_tail(f'host-{name}')}")
+
+    def _ensure_host(self, state: dict[str, Any], name: str) -> None:
+        """Bring node ``name``'s host back after ``kill_host``: a fresh holder (empty /tmp), its cable up."""
+        holder = self._find_daemon(f"host-{name}")
+        if holder is not None and procs.is_running(holder):
+            return
+        state["daemons"] = [d for d in state["daemons"] if d.get("name") != f"host-{name}"]
+        self._start_host(state, name)
+        self.set_link(name, up=True)
 
     def _slurmd_argv(self, name: str) -> list[str]:
         # Invoked under their real names: Slurm disables PrologSlurmctld & co. for renamed daemons.
@@ -305,8 +475,11 @@ class LabCluster:
             raise LabError(f"no node {name!r} in this lab (nodes: {', '.join(self.node_names)})")
         return name
 
-    def _spawn(self, state: dict[str, Any], name: str, argv: list[str], env: Mapping[str, str]) -> None:
-        daemon = procs.spawn(name, argv, env=env, log_path=self.dir / "log" / f"{name}.out")
+    def _spawn(self, state: dict[str, Any], name: str, argv: list[str], env: Mapping[str, str],
+               final_argv: list[str] | None = None) -> None:
+        log_path = self.dir / "log" / f"{name}.out"
+        daemon = (procs.spawn(name, argv, env=env, log_path=log_path) if final_argv is None else
+                  procs.spawn_via(name, argv, final_argv, env=env, log_path=log_path))
         state["daemons"].append(daemon.to_dict())
         self._write_state(state)  # recorded at once, so a crash between starts still lets `down` find it
 
@@ -358,10 +531,8 @@ class LabCluster:
         ctld = next((d for d in daemons if d.name == "slurmctld"), None)
         if ctld is not None and procs.is_running(ctld):
             self._cancel_jobs(say)
-        order = [d for d in daemons if d.name.startswith("slurmd")] + \
-                [d for d in daemons if d.name == "slurmctld"] + [d for d in daemons if d.name == "munged"]
-        stopped = procs.stop(order[: len(order) - 1]) if order else []  # slurmd and slurmctld first
-        stopped += procs.stop(order[-1:]) if order else []
+        first = [d for d in daemons if d.name.startswith("slurmd") or d.name == "slurmctld"]
+        stopped = procs.stop(first) + procs.stop([d for d in daemons if d.name == "munged"])
         if stopped:
             say(f"stopped {', '.join(f'{d.name} ({d.pid})' for d in stopped)}")
         leftovers = self._strays()
@@ -369,6 +540,9 @@ class LabCluster:
             listed = ", ".join(f"{d.pid} ({d.argv[0]})" for d in leftovers)
             say(f"stopping {len(leftovers)} leftover job processes: {listed}")
             procs.stop(leftovers, timeout=3.0)
+        holders = procs.stop([d for d in daemons if d.name.startswith("host-")], timeout=3.0)
+        if holders:
+            say(f"stopped hosts {', '.join(f'{d.name} ({d.pid})' for d in holders)}")
         state["daemons"] = []
         self._write_state(state)
 
@@ -488,7 +662,9 @@ class LabCluster:
 
     def _same_nodes(self, state: Mapping[str, Any], layout: LabLayout) -> bool:
         ports_state = state.get("ports") or {}
+        mode = Mode.HOSTS if layout.hosts_mode else Mode.SINGLE_ADDRESS
         return (self._recorded_nodes(state) == list(layout.node_names)
+                and state.get("mode", Mode.SINGLE_ADDRESS.value) == mode.value
                 and int(ports_state.get("base", -1)) == layout.ctld_port
                 and int(state.get("cpus_per_node", -1)) == layout.cpus_per_node)
 
@@ -562,6 +738,23 @@ def check_prerequisites(which: Callable[[str], str | None] = shutil.which,
     if euid() != 0:
         raise LabError("the lab cluster must run as root (slurmd starts jobs as their users); "
                        "run `sudo slurm-ft lab up` or use a container")
+
+
+HOST_TOOLS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "tc": "iproute2"}
+
+
+def check_host_tools(which: Callable[[str], str | None] = shutil.which) -> None:
+    """Raise LabError naming the package when a program hosts mode needs is missing."""
+    missing = sorted(p for p in HOST_TOOLS if which(p) is None and not Path("/usr/sbin", p).exists())
+    if missing:
+        raise LabError(f"hosts mode needs {', '.join(missing)}: install with "
+                       f"`apt-get install -y {' '.join(sorted({HOST_TOOLS[p] for p in missing}))}`")
+
+
+def _run(argv: list[str]) -> None:
+    result = run_command(argv, timeout=30)
+    if not result.ok:
+        raise LabError(f"{' '.join(argv)} failed: {result.stderr.strip() or result.stdout.strip()}")
 
 
 def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:

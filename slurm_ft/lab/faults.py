@@ -4,6 +4,10 @@ Faults are injected by (rank, step) through the example trainer's flags, on the 
 (``$SLURM_FT_ATTEMPT``), so a restarted attempt runs clean. ``summarize(run_dir)`` reads the launcher's
 ``events.jsonl`` and the first attempt's heartbeats (``attempt-1/``) and returns detection time, recovery time
 and steps lost.
+
+In hosts mode (``slurm-ft lab up --hosts``) the network faults are real: ``link_down``/``link_up`` pull and plug
+a node's cable (its veth on the lab bridge), ``slow_link`` throttles it with a tbf qdisc, and ``crash_node`` is the
+death of the whole host (``slurm-ft lab fault`` applies them by hand).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -152,10 +157,14 @@ def _job_processes(lab, **match: str) -> list[tuple[int, dict[str, str]]]:
 
 
 def crash_node(lab, node: str) -> list[int]:
-    """Node ``node`` dies as a whole: its slurmd, then every slurmstepd and job process on it (SIGKILL).
+    """Node ``node`` dies as a whole: its slurmd, then every slurmstepd and job process on it (SIGKILL). In hosts
+    mode that is the death of the host: its link goes down and every process in its namespaces is killed.
 
     Slurm notices only after SlurmdTimeout (the job then ends NODE_FAIL unless it runs with ``--no-kill``);
-    the ranks on other nodes see their peer's connections drop at once. Returns the pids killed."""
+    the ranks on other nodes see their peer's connections drop at once (single-address mode) or stop hearing
+    from it (hosts mode). Returns the pids killed."""
+    if lab.mode.value == "hosts":
+        return lab.kill_host(node)
     lab.stop_node(node)
     tasks = [pid for pid, _ in _job_processes(lab, SLURMD_NODENAME=node)]
     stepds = {ppid for ppid in map(_parent, tasks) if procs.comm(ppid) == "slurmstepd"}
@@ -167,6 +176,53 @@ def crash_node(lab, node: str) -> list[int]:
         except ProcessLookupError:
             continue
     return killed
+
+
+# --- network faults (hosts mode: ``slurm-ft lab up --hosts``) ---------------------------------------------------
+class NetFault(str, enum.Enum):
+    LINK_DOWN = "link-down"  # the node's cable is pulled (its veth on the lab bridge down) and stays out
+    LINK_UP = "link-up"  # plugged back in
+    SLOW_LINK = "slow-link"  # the node's link throttled both ways to a rate (tbf; netem is not in every kernel)
+    FAST_LINK = "fast-link"  # the throttle lifted
+    HOST_DEATH = "host-death"  # the whole host dies: every process in its namespaces killed, link down
+
+
+_RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
+
+
+def check_rate(rate: str) -> str:
+    """A tc rate (``10mbit``, ``500kbit``, ``1.5mbps``), or ValueError naming the value."""
+    if not _RATE.match(rate):
+        raise ValueError(f"rate: {rate!r} is not a tc rate such as 10mbit, 500kbit or 1mbps")
+    return rate
+
+
+def link_down(lab, node: str) -> None:
+    """Pull node ``node``'s cable: nothing reaches it or leaves it until ``link_up``."""
+    lab.set_link(node, up=False)
+
+
+def link_up(lab, node: str) -> None:
+    lab.set_link(node, up=True)
+
+
+def slow_link(lab, node: str, rate: str | None) -> None:
+    """Throttle node ``node``'s link to ``rate`` both ways (tbf qdisc on each end of its veth); None lifts it."""
+    lab.throttle_link(node, None if rate is None else check_rate(rate))
+
+
+def inject(lab, fault: NetFault | str, node: str, rate: str | None = None) -> list[int]:
+    """Apply one network fault to ``node`` (``slurm-ft lab fault``); the pids killed by a host death."""
+    fault = NetFault(fault)
+    if fault is NetFault.SLOW_LINK and rate is None:
+        raise ValueError("rate: slow-link needs a rate such as 10mbit")
+    actions = {NetFault.LINK_DOWN: lambda: link_down(lab, node), NetFault.LINK_UP: lambda: link_up(lab, node),
+               NetFault.SLOW_LINK: lambda: slow_link(lab, node, rate),
+               NetFault.FAST_LINK: lambda: slow_link(lab, node, None)}
+    if fault is NetFault.HOST_DEATH:
+        return lab.kill_host(node)
+    actions[fault]()
+    return []
 
 
 def rank_pid(lab, job_id: int, rank: int) -> int | None:

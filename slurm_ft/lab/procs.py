@@ -47,6 +47,64 @@ def spawn(name: str, argv: Sequence[str], *, env: Mapping[str, str], log_path: P
     return daemon
 
 
+def spawn_via(name: str, argv: Sequence[str], final_argv: Sequence[str], *, env: Mapping[str, str],
+              log_path: Path, timeout: float = 10.0) -> Daemon:
+    """Start ``argv``, a wrapper (namespace entry) that becomes or starts ``final_argv``; the Daemon is that
+    process (the wrapper's pid or a descendant), so ``is_running`` and ``stop`` act on the program itself."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(  # noqa: S603 - argument list, no shell
+            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=dict(env), start_new_session=True, close_fds=True, cwd="/",
+        )
+    _CHILDREN[proc.pid] = proc
+    want = tuple(final_argv)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = next((pid for pid in descendants(proc.pid) if cmdline(pid) == want), None)
+        if found is not None and (ticks := _start_ticks(found)) is not None:
+            return Daemon(name=name, pid=found, argv=want, start_ticks=ticks)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    return Daemon(name=name, pid=proc.pid, argv=want, start_ticks=-1)  # not running: the caller reports it
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (by parent pid, from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for child in all_pids():
+        parents.setdefault(parent(child), []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(parents.get(current, []))
+    return found
+
+
+def pid_namespace(pid: int) -> str:
+    """The PID namespace of ``pid`` (``pid:[4026532382]``; '' when gone)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def in_pid_namespace(namespace: str) -> list[int]:
+    """Every live (not zombie) pid, as this namespace numbers them, in PID namespace ``namespace``."""
+    return [pid for pid in all_pids() if namespace and pid_namespace(pid) == namespace
+            and (_stat(pid) or ("Z", 0))[0] != "Z"]
+
+
+def parent(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(text[text.rfind(")") + 2:].split()[1])
+
+
 def _settle(daemon: Daemon, timeout: float = 2.0) -> None:
     """Wait until /proc shows the new argv: exec closes the Popen error pipe a moment before it sets it."""
     deadline = time.monotonic() + timeout
@@ -155,9 +213,10 @@ def _signal(daemon: Daemon, sig: signal.Signals) -> None:
 
 
 def _reap(pid: int) -> None:
-    proc = _CHILDREN.get(pid)
-    if proc is not None and proc.poll() is not None:
-        del _CHILDREN[pid]
+    """Reap every exited child (wrappers from ``spawn_via`` end when their program does)."""
+    for child, proc in list(_CHILDREN.items()):
+        if proc.poll() is not None:
+            del _CHILDREN[child]
 
 
 def _stat(pid: int) -> tuple[str, int] | None:

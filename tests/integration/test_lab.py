@@ -65,7 +65,9 @@ def test_cli_env_and_status(lab):
                                            f"export SLURM_FT_STATE_DIR={lab.state_dir}"]
     status = _slurm_ft("lab", "status", "--dir", str(lab.dir))
     assert status.returncode == 0, status.stderr
-    rows = [line.split()[0] for line in status.stdout.splitlines()[2:6]]
+    lines = status.stdout.splitlines()
+    assert lines[1] == "mode: single-address"
+    rows = [line.split()[0] for line in lines[3:7]]
     assert rows == ["n1", "n2", "n3", "n4"]
 
 

@@ -1,0 +1,189 @@
+"""The lab in hosts mode (``lab up --hosts``): every node a host of its own, real network faults (link down and
+up, a throttled link, the death of a whole host), and ``down`` leaves nothing behind.
+
+Its own 3-node lab (not the session ``lab``): three hosts with their own hostname, address, /tmp and PID space,
+seen from ``srun -N3`` run on the controller's host, as a user of a real cluster would.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from labutil import wait_for
+
+from slurm_ft.lab import faults, hosts, ports, procs
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_host_tools, check_prerequisites
+
+pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def hosts_lab() -> Iterator[LabCluster]:
+    try:
+        check_prerequisites()
+        check_host_tools()
+    except LabError as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"lab cluster required in CI but unavailable: {exc}", pytrace=False)
+        pytest.skip(f"lab cluster unavailable: {exc}")
+    lab_dir = Path(tempfile.mkdtemp(prefix="sft-hosts-", dir="/tmp"))
+    cluster = LabCluster(LabConfig(dir=lab_dir, nodes=3, hosts=True))
+    try:
+        cluster.up()
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(lab_dir, ignore_errors=True)
+
+
+def _srun(lab: LabCluster, *args: str) -> list[tuple[str, str]]:
+    """``srun -l ARGS`` from the controller's host (cwd: the shared lab dir); (task, line) pairs."""
+    done = subprocess.run(["srun", "-l", *args], env={**os.environ, **lab.env()}, cwd=lab.dir, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return [tuple(part.strip() for part in line.split(":", 1)) for line in done.stdout.splitlines() if ":" in line]
+
+
+def test_three_hosts_have_their_own_names_and_addresses(hosts_lab):
+    names = _srun(hosts_lab, "-N3", "hostname")
+    assert sorted(name for _, name in names) == ["n1", "n2", "n3"]
+    by_node = dict(_srun(hosts_lab, "-N3", "sh", "-c", "echo $(hostname) $(hostname -I)"))
+    addrs = dict(line.split(maxsplit=1) for line in by_node.values())
+    assert {name: addr.split() for name, addr in addrs.items()} == {
+        h.name: [h.addr] for h in hosts_lab.host_plan.nodes}
+    subnet = ipaddress.ip_network(hosts_lab.host_plan.subnet)
+    assert all(ipaddress.ip_address(a.strip()) in subnet for a in addrs.values())
+    resolved = _srun(hosts_lab, "-w", "n1", "getent", "hosts", "n3")
+    assert resolved[0][1].split() == [hosts_lab.host_plan.node("n3").addr, "n3"]
+
+
+def test_tmp_is_private_to_each_host(hosts_lab):
+    probe = f"/tmp/sft-probe-{uuid.uuid4().hex}"
+    _srun(hosts_lab, "-w", "n1", "sh", "-c", f"echo here > {probe}")
+    seen = dict(_srun(hosts_lab, "-N3", "sh", "-c", f"echo $(hostname) $(cat {probe} 2>/dev/null || echo absent)"))
+    assert sorted(seen.values()) == ["n1 here", "n2 absent", "n3 absent"]
+    assert not Path(probe).exists()  # nor on the controller's host
+    shared = hosts_lab.dir / f"probe-{uuid.uuid4().hex}"
+    _srun(hosts_lab, "-w", "n2", "sh", "-c", f"echo shared > {shared}")
+    assert shared.read_text() == "shared\n"  # the lab dir is the shared filesystem
+
+
+def test_each_host_sees_only_its_own_processes(hosts_lab):
+    listing = ("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | "
+               "sed -n 's/.*slurmd -D -N \\(n[0-9]*\\).*/\\1/p' | sort -u | tr '\\n' ' '; hostname")
+    seen = [line.split() for _, line in _srun(hosts_lab, "-N3", "sh", "-c", listing)]
+    assert sorted(seen) == [["n1", "n1"], ["n2", "n2"], ["n3", "n3"]]  # each sees its own slurmd only
+    state = procs.Daemon.from_dict(next(d for d in _daemons(hosts_lab) if d["name"] == "slurmd-n1"))
+    pids = dict(_srun(hosts_lab, "-w", "n2", "sh", "-c", f"test -e /proc/{state.pid} && echo seen || echo unseen"))
+    assert list(pids.values()) == ["unseen"]  # n1's slurmd, by the controller's pid, is not on n2
+
+
+def test_status_says_hosts_mode(hosts_lab):
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "status", "--dir", str(hosts_lab.dir)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1].startswith(f"mode: hosts ({hosts_lab.host_plan.subnet}")
+
+
+def _reaches(lab: LabCluster, src: str, dst: str) -> bool:
+    """Whether node ``src`` can open a TCP connection to node ``dst``'s slurmd."""
+    addr = lab.host_plan.node(dst).addr
+    line = _srun(lab, "-w", src, "bash", "-c", f"timeout 1 bash -c '</dev/tcp/{addr}/6818' && echo reach || echo cut")
+    return line[0][1] == "reach"
+
+
+def test_link_down_cuts_the_node_off_until_link_up(hosts_lab):
+    n3 = hosts_lab.host_plan.node("n3").addr
+    assert ports.can_connect(hosts.SLURMD_PORT, n3) and _reaches(hosts_lab, "n1", "n3")
+    faults.link_down(hosts_lab, "n3")
+    try:
+        assert not ports.can_connect(hosts.SLURMD_PORT, n3)  # not from the controller's host
+        assert not _reaches(hosts_lab, "n1", "n3")  # nor from another node
+        assert _reaches(hosts_lab, "n1", "n2")  # the others are unharmed
+    finally:
+        faults.link_up(hosts_lab, "n3")
+    wait_for(lambda: ports.can_connect(hosts.SLURMD_PORT, n3), 15, message="n3 reachable after link-up")
+    assert _reaches(hosts_lab, "n1", "n3")
+
+
+def test_slow_link_throttles_both_ends_of_the_cable_until_lifted(hosts_lab):
+    node = hosts_lab.host_plan.node("n2")
+    outside = ["tc", "qdisc", "show", "dev", node.veth]
+    inside = ["ip", "netns", "exec", node.netns, "tc", "qdisc", "show", "dev", "eth0"]
+    with pytest.raises(ValueError, match="rate: 'fast'"):
+        faults.slow_link(hosts_lab, "n2", "fast")
+    faults.slow_link(hosts_lab, "n2", "2mbit")
+    try:
+        for argv in (outside, inside):
+            shown = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            assert "tbf" in shown and "rate 2Mbit" in shown, shown
+        assert _reaches(hosts_lab, "n1", "n2")  # slow, not cut
+    finally:
+        faults.slow_link(hosts_lab, "n2", None)
+    assert all("tbf" not in subprocess.run(a, capture_output=True, text=True, check=True).stdout
+               for a in (outside, inside))
+
+
+def test_node_death_kills_the_whole_host_which_comes_back_empty(hosts_lab):
+    _srun(hosts_lab, "-w", "n3", "sh", "-c", "echo held > /tmp/sft-held")
+    # Idle first: a host that dies while its job completes leaves it COMPLETING in slurmctld (as on a real cluster).
+    wait_for(lambda: _idle(hosts_lab, "n3"), 30, message="n3 idle")
+    holder = procs.Daemon.from_dict(next(d for d in _daemons(hosts_lab) if d["name"] == "host-n3"))
+    pid_ns = os.readlink(f"/proc/{holder.pid}/ns/pid")
+    on_host = procs.in_pid_namespace(pid_ns)
+    assert len(on_host) >= 2  # the holder and slurmd at least
+    killed = faults.crash_node(hosts_lab, "n3")
+    assert set(on_host) <= set(killed)
+    assert not [pid for pid in procs.in_pid_namespace(pid_ns) if _alive(pid)]
+    assert not ports.can_connect(hosts.SLURMD_PORT, hosts_lab.host_plan.node("n3").addr)  # and its link is down
+    hosts_lab.start_node("n3")
+    held = "echo $(hostname) $(cat /tmp/sft-held 2>/dev/null || echo gone)"
+    after = dict(_srun(hosts_lab, "-w", "n3", "sh", "-c", held))
+    assert list(after.values()) == ["n3 gone"]
+
+
+def _idle(lab: LabCluster, name: str) -> bool:
+    node = next(n for n in lab.client().nodes() if n.name == name)
+    return "IDLE" in node.state and "COMPLETING" not in node.state
+
+
+def _daemons(lab: LabCluster) -> list[dict]:
+    return json.loads((lab.dir / "lab.json").read_text())["daemons"]
+
+
+def test_down_leaves_no_namespace_interface_or_process(hosts_lab):
+    daemons = [procs.Daemon.from_dict(d) for d in _daemons(hosts_lab)]
+    assert sorted(d.name for d in daemons) == sorted(
+        ["munged", "slurmctld", *(f"{kind}-n{i}" for kind in ("host", "slurmd") for i in (1, 2, 3))])
+    tag = hosts.lab_tag(hosts_lab.dir)
+    hosts_lab.down()
+    netns = hosts.netns_names(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                             check=True).stdout)
+    links = hosts.link_names(subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                                            check=True).stdout)
+    assert not [n for n in netns if tag in n]
+    assert not [n for n in links if tag in n]
+    assert not [d.name for d in daemons if procs.is_running(d)]
+    lab_dir = str(hosts_lab.dir)
+    left = [pid for pid in procs.all_pids()
+            if _alive(pid) and (any(lab_dir in arg for arg in procs.cmdline(pid))
+                                or procs.environ_value(pid, "SLURM_CLUSTER_NAME") == hosts_lab.cluster_name)]
+    assert left == [], [procs.cmdline(pid) for pid in left]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2:][:1] != "Z"

@@ -1092,3 +1092,28 @@ def test_the_dump_wait_ends_once_every_rank_has_dumped_or_ended(tmp_path):
     assert launcher.run() == 0
     assert log == [("asked", ["n1", "n2"]), ("waited", 3.0)]
     assert "trace_dumps_partial" not in [e["event"] for e in events(tmp_path)]
+
+
+class StaleRankElsewhere(Script):
+    """Healthy ranks on n1 and n2, and rank 1 of an earlier run on n9 (its link down: Slurm's kill never reached it)
+    still writing its old heartbeat and, later, its error into the shared run dir."""
+
+    def poll(self):
+        code = super().poll()
+        for rank in range(self.ranks):  # the healthy ranks name their nodes
+            write_heartbeat(self.run_dir, Heartbeat(rank=rank, step=self.polls, time=0.0, host=f"n{rank + 1}"))
+        write_heartbeat(self.run_dir, Heartbeat(rank=1, step=1, time=0.0, host="n9"))
+        if self.polls == 3:
+            write_error(self.run_dir, ErrorRecord(rank=1, time=0.0, exc_type="RuntimeError", host="n9",
+                                                  message="Connection reset by peer"))
+        return code
+
+
+def test_records_from_a_node_outside_the_attempt_are_not_its_ranks(tmp_path):
+    """Issue 30 (link-down on the hosts lab): the stale rank 1 on the cut-off node made the requeued run look hung
+    (its heartbeat, stuck at an old step, overwrote the live rank 1's) and could fail it with its late error."""
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [StaleRankElsewhere(run, steps=15)])
+    assert launcher.run() == 0
+    assert len(runner.calls) == 1
+    assert "fault_detected" not in [e["event"] for e in events(tmp_path)]

@@ -24,6 +24,8 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
 - ``link-flap`` (hosts mode only): the same cable pulled for ``FLAP_S`` seconds, longer than the job's hang timeout
   (``FLAP_HANG_TIMEOUT``) and shorter than the lab's SlurmdTimeout (Slurm does not see it): a restart in place on
   the same nodes, the node struck at most, never quarantined on its first flap;
+- ``slow-link`` (hosts mode only): rank 1's node's link throttled to ``SLOW_RATE`` both ways (tbf) from the fault
+  step on: training goes on, slower; no fault verdict while steps still complete;
 - ``desync``: rank 1 calls an all-reduce the others do not (``--desync-at``, on every attempt: a bug): the ranks
   hang in different collectives at the same sequence number; the dumps show both calls, the verdict is
   ``user_code`` after one attempt, and no restart is taken from the budget.
@@ -72,15 +74,17 @@ from slurm_ft.lab.interrupt import run_to_the_end, teardown
 from slurm_ft.slurm.types import JobInfo, JobState
 
 SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held",
-             "link-down", "link-flap")
-HOSTS_ONLY = ("link-down", "link-flap")  # real network faults: only where every node is a host (--hosts)
+             "link-down", "link-flap", "slow-link")
+HOSTS_ONLY = ("link-down", "link-flap", "slow-link")  # real network faults: only where every node is a host (--hosts)
 INJECTED = ("kill-rank", "hang", "node-death", "gpu-held", *HOSTS_ONLY)  # the demo injects these from outside the job
+NO_RESTART = ("slow-link",)  # injected, and nothing may be restarted for it
 IN_TRAINER = ("stuck-loader", "desync")  # the trainer's own flags inject these; the demo says when they fire
-RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", *HOSTS_ONLY)
+RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", "link-down", "link-flap")
 RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
 HANG_TIMEOUT = 10
 FLAP_HANG_TIMEOUT = 5  # link-flap's job: a stall this long is caught while the cable is still out
+SLOW_RATE = "256kbit"  # slow-link: rank 1's node's link, both ways, from the fault step to the job's end
 FLAP_S = 7.0  # link-flap: seconds the cable stays out: past the job's hang timeout, short of SlurmdTimeout (10 s)
 ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 
@@ -216,6 +220,11 @@ def inject(lab: Any, run: Run, job: JobInfo, say: Callable[[str], None]) -> None
         what = "the whole host: every process on it, its link down" if lab.mode.value == "hosts" else \
             "slurmd, stepds, ranks"
         say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) killed: {what}")
+    elif run.name == "slow-link":
+        run.victim = rank_node(run, 1) or job.nodes[1]
+        lab_faults.slow_link(lab, run.victim, SLOW_RATE)
+        say(f"{run.name}: node {run.victim}'s link (rank 1 of job {run.job_id}) throttled to {SLOW_RATE} at step "
+            f"{run.fault_step}")
     elif run.name in HOSTS_ONLY:
         run.victim = rank_node(run, 1) or job.nodes[1]
         lab_faults.link_down(lab, run.victim)
@@ -322,8 +331,10 @@ class _ShortMonitorLines(logging.Handler):
             self.say(f"monitor: job {job} stays ended: {event['reason']}")
 
 
-def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, list[str]]:
-    """Run the scenarios; return the summary table and the checks that failed (empty: all held)."""
+def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print,
+             collect: dict[str, Any] | None = None) -> tuple[str, list[str]]:
+    """Run the scenarios; return the summary table and the checks that failed (empty: all held). ``collect``
+    receives the runs, the monitor's verdicts and the nodes quarantined at the end (``slurm-ft bench faults``)."""
     nodes = 5 if cfg.hosts else 4  # hosts: room for link-down's 3 nodes once node-death's host is quarantined
     lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=nodes, hosts=cfg.hosts))
     say(f"lab: starting a {nodes}-node Slurm cluster in {lab.dir}" + (" (every node a host)" if cfg.hosts else ""))
@@ -348,6 +359,9 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
                 run.final = lab.client().job(run.job_id)
                 run.result = _result(workdir / f"slurm-{run.job_id}.out")
             table, failed = summarize_runs(cfg, runs, lab, monitor.quarantine, monitor.verdicts)
+            if collect is not None:
+                collect.update(runs=runs, verdicts=dict(monitor.verdicts), failed=failed, quarantined=sorted(
+                    n for n in lab.node_names if monitor.quarantine.is_quarantined(n)))
             for run in runs:
                 if run.victim:
                     _restore(lab, monitor.quarantine, run.victim)
@@ -386,6 +400,8 @@ def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None
                 run.detected_at = time.time()
                 say(f"{run.name}: Slurm ended job {run.job_id} NODE_FAIL and requeued it")
             if job.state in ENDED:
+                if run.name == "slow-link" and run.victim:
+                    lab_faults.slow_link(lab, run.victim, None)  # the next job on the node runs at full speed
                 show_launcher_events(run, say)
                 say(f"{run.name}: job {run.job_id} {job.state.value}")
                 pending.remove(run)
@@ -435,6 +451,7 @@ def _result(path: Path) -> dict[str, Any] | None:
 def _restore(lab: Any, quarantine: Any, node: str) -> None:
     if lab.mode.value == "hosts":
         lab_faults.link_up(lab, node)
+        lab_faults.slow_link(lab, node, None)
     lab.start_node(node)
     quarantine.release(node, by="demo")
 
@@ -459,7 +476,7 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
         failed += [f"{run.name}: {what}" for what, held in checks if not held]
         wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
         same = run.result is not None and run.result.get("param_sha256") == reference
-        ratio = clean_wall / wall if wall and run.name in RECOVERING and same else None
+        ratio = clean_wall / wall if wall and run.name in (*RECOVERING, *NO_RESTART) and same else None
         if ratio is not None:
             walls.append(wall)
         rows.append((run.name, verdict["category"] if verdict else "-", culprit_text(verdict) if verdict else "-",
@@ -499,8 +516,8 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
         return checks
     checks += [("fault injected", timing is not None),
                ("params equal the clean run's", reference is not None and result.get("param_sha256") == reference),
-               (f"<= {EVERY} steps lost", timing is not None and timing.steps_lost is not None
-                and 0 <= timing.steps_lost <= EVERY)]
+               (f"<= {EVERY} steps lost", timing is not None and (
+                   run.name in NO_RESTART or timing.steps_lost is not None and 0 <= timing.steps_lost <= EVERY))]
     if run.name in ("kill-rank", "hang", "stuck-loader"):
         checks.append(("recovered in place", final is not None and final.restart_count == 0))
     if run.name == "gpu-held":
@@ -509,8 +526,13 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
         checks.append((f"detected within the {HANG_TIMEOUT} s hang timeout (+5 s polling)",
                        timing is not None and timing.detection_s is not None
                        and timing.detection_s <= HANG_TIMEOUT + 5))
-    if run.name in HOSTS_ONLY:
+    if run.name in ("link-down", "link-flap"):
         checks += link_checks(run, timing, events, quarantine)
+    if run.name == "slow-link":
+        checks += [("no fault detected", not any(e["event"] == "fault_detected" for e in events)),
+                   ("one attempt, not requeued", sum(e["event"] == "attempt_start" for e in events) == 1
+                    and final is not None and final.restart_count == 0),
+                   (f"{run.victim or '?'} not quarantined", not quarantine.is_quarantined(run.victim))]
     if run.name == "node-death":
         node = nodes.get(run.victim)
         checks += [("requeued once", final is not None and final.restart_count == 1),
@@ -570,7 +592,7 @@ def rank_node(run: Run, rank: int) -> str:
 def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None) -> list[tuple[str, bool]]:
     """The verdict names the rank the demo faulted (rank 1) and its node, in the design's words."""
     words = {c.value for c in Category}
-    if run.name == "clean":
+    if run.name in ("clean", *NO_RESTART):
         return [("no verdict", verdict is None)]
     checks = [("a verdict in the design's words", verdict is not None and verdict["category"] in words)]
     if run.name in ("kill-rank", "hang", "stuck-loader", "user-error", "desync"):

@@ -91,3 +91,18 @@ def test_link_flap_checks():
     assert all(held for _, held in culprit_checks(run, [], flap))
     blamed = {"category": "hang", "culprit": {"nodes": ["n1"], "ranks": [0]}}
     assert [w for w, held in culprit_checks(run, [], blamed) if not held] == ["no other node blamed"]
+
+
+def test_slow_link_must_run_on_without_a_fault_verdict():
+    from slurm_ft.bench.demo import run_checks
+
+    cfg = DemoConfig(dir=Path("/tmp/d"), scenarios=("slow-link",), hosts=True)
+    run = Run(name="slow-link", ckpt=Path("/c"), victim="n2", final=_final(),
+              result={"step": cfg.steps, "param_sha256": "x"})
+    one = _starts(("n1", "n2"))
+    checks = run_checks(cfg, run, _timing(0.0), one, "x", {}, _Quarantine())
+    assert all(held for _, held in checks)
+    hung = [*one, {"event": "fault_detected", "kind": "hung"}, *_starts(("n1", "n2"), ("n1", "n2"))[1:]]
+    failed = [what for what, held in run_checks(cfg, run, _timing(0.0), hung, "x", {}, _Quarantine()) if not held]
+    assert failed == ["no fault detected", "one attempt, not requeued"]
+    assert [w for w, held in culprit_checks(run, [], {"category": "hang"}) if not held] == ["no verdict"]

@@ -101,6 +101,23 @@ def slurm_release() -> str:
     return done.stdout.strip().split()[-1] if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
+def wall_s(run: demo.Run) -> float | None:
+    """First attempt start to last exit, from the run's events."""
+    if not (run.run_dir / "events.jsonl").exists():
+        return None
+    return fault_timing(read_events(run.run_dir), fault_time=0.0, fault_step=0).wall_s
+
+
+def slow_cost(runs: list[demo.Run], cfg: demo.DemoConfig) -> str:
+    """What the throttled link cost: slow-link's wall time against the clean run's (a line, or nothing)."""
+    walls = {r.name: wall_s(r) for r in runs if r.name in ("clean", "slow-link")}
+    clean, slow = walls.get("clean"), walls.get("slow-link")
+    if not clean or not slow:
+        return ""
+    return (f"slow-link ({demo.SLOW_RATE} both ways from step {cfg.fault_step} of {cfg.steps}):"
+            f" {slow:.1f} s of wall time against the clean run's {clean:.1f} s (+{slow - clean:.1f} s)\n")
+
+
 def table(rows: list[Row]) -> str:
     return demo._table([HEADER, *(r.cells() for r in rows)])
 
@@ -139,7 +156,8 @@ def _run(cfg: demo.DemoConfig, out: Path | None) -> int:
     rows = [row_of(r, release, reference, collected["verdicts"].get(r.job_id))
             for r in sorted(runs, key=lambda r: FAULTS.index(r.name) if r.name in FAULTS else -1) if r.name != "clean"]
     text = (f"{time.strftime('%Y-%m-%d')}, Slurm {release}, {len(rows)} faults on a 5-node lab of hosts\n\n"
-            f"{table(rows)}\n\nquarantined at the end: {', '.join(collected.get('quarantined', [])) or 'none'}\n"
+            f"{table(rows)}\n\n{slow_cost(runs, cfg)}quarantined at the end: "
+            f"{', '.join(collected.get('quarantined', [])) or 'none'}\n"
             f"the demo's table:\n{demo_table}\n"
             + "".join(f"FAILED CHECK  {line}\n" for line in failed)
             + f"{'all checks held' if not failed else f'{len(failed)} check(s) failed'} in "

@@ -28,3 +28,23 @@ def test_committed_checkpoints_lost_counts_intervals_behind_the_newest_due():
 def test_an_unknown_fault_is_named(capsys):
     assert main(["--faults", "kill-rank,cosmic-ray"]) == 2
     assert "'cosmic-ray'" in capsys.readouterr().err
+
+
+def test_slow_link_cost_is_its_wall_time_against_the_clean_runs(tmp_path):
+    import json
+    from pathlib import Path
+
+    from slurm_ft.bench.demo import DemoConfig, Run
+    from slurm_ft.bench.faults import slow_cost
+
+    runs = []
+    for name, wall in (("clean", 26.0), ("slow-link", 31.5)):
+        run = Run(name=name, ckpt=tmp_path / name)
+        run.run_dir.mkdir(parents=True)
+        lines = [{"time": 100.0, "event": "attempt_start", "attempt": 1},
+                 {"time": 100.0 + wall, "event": "exit", "code": 0}]
+        (run.run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+        runs.append(run)
+    line = slow_cost(runs, DemoConfig(dir=Path("/tmp/d")))
+    assert "31.5 s of wall time against the clean run's 26.0 s (+5.5 s)" in line
+    assert slow_cost(runs[:1], DemoConfig(dir=Path("/tmp/d"))) == ""

@@ -1,0 +1,152 @@
+"""The memory tier end to end: real example-trainer ranks over gloo, a rank SIGKILLed mid-run, restarts from the
+job's memory directory (here under tmp, as SLURM_FT_MEM_ROOT allows) or, when anything is wrong with it, from disk.
+
+One crashed run is shared: each test restarts from its own copy of the crashed run's checkpoint and memory dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_ft.core import layout, shmdir
+from slurm_ft.core.rundir import EVENTS_FILE, RUN_SUBDIR
+from slurm_ft.train import example, memtier
+
+pytestmark = pytest.mark.gloo
+STEPS = 8
+RUN_ID = "memtier-test"
+COMMON = ("--steps", str(STEPS), "--ckpt-every", "3", "--step-time", "0.1", "--mem-every", "1", "--hidden", "16")
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_FT_", "SLURM_JOB_ID", "SLURM_RESTART"))}
+    env.update({"OMP_NUM_THREADS": "1", "SLURM_FT_RUN_ID": RUN_ID, "SLURM_FT_MEM_ROOT": str(root / "shm")})
+    return env
+
+
+def _run(root: Path, nproc: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    trainer = ["-m", "slurm_ft.train.example", "--ckpt-dir", str(root / "ck"), *COMMON, *args]
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    cmd = [sys.executable, *launch, *trainer]
+    proc = subprocess.run(cmd, env=_env(root), capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{cmd} -> {proc.returncode}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _run_in_process(root: Path, monkeypatch, capsys, *args: str) -> dict:
+    """One rank, restarted in this process (no interpreter start-up): the tier works without torch.distributed."""
+    for key in [k for k in os.environ if k.startswith(("SLURM_FT_", "SLURM_JOB_ID", "SLURM_RESTART"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_FT_RUN_ID", RUN_ID)
+    monkeypatch.setenv("SLURM_FT_MEM_ROOT", str(root / "shm"))
+    capsys.readouterr()
+    assert example.main(["--ckpt-dir", str(root / "ck"), *COMMON, *args]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _result(proc) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _resume_events(root: Path) -> list[dict]:
+    lines = (root / "ck" / RUN_SUBDIR / EVENTS_FILE).read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == "resume"]
+
+
+def _mem_dir(root: Path) -> Path:
+    return root / "shm" / shmdir.dir_name(RUN_ID)
+
+
+def _crashed(root: Path, nproc: int, rank: int) -> int:
+    """Run until ``rank`` is SIGKILLed at step 7; the newest step with a commit marker."""
+    (root / "shm").mkdir()
+    crashed = _run(root, nproc, "--crash-at", f"{rank}:7", check=False)
+    assert crashed.returncode != 0
+    marked = [p.step for n in memtier.names(_mem_dir(root)) if (p := memtier.parse_name(n)) and p.kind == "commit"]
+    assert marked, (memtier.names(_mem_dir(root)), crashed.stderr[-2000:])
+    return max(marked)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two ranks: (the clean run's result, the crashed run's root, the newest step with a commit marker)."""
+    clean = _result(_run(tmp_path_factory.mktemp("clean"), 2))
+    root = tmp_path_factory.mktemp("crashed")
+    return clean, root, _crashed(root, 2, 1)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One rank, as ``runs``; the clean run's parameters from a subprocess too (the same interpreter state)."""
+    clean = _result(_run(tmp_path_factory.mktemp("clean1"), 1))
+    root = tmp_path_factory.mktemp("crashed1")
+    return clean, root, _crashed(root, 1, 0)
+
+
+def _copy(root: Path, tmp_path: Path) -> Path:
+    shutil.copytree(root, tmp_path / "run", symlinks=True)
+    return tmp_path / "run"
+
+
+def test_a_killed_rank_restarts_from_memory_bitwise_equal(runs, tmp_path):
+    clean, crashed, newest = runs
+    root = _copy(crashed, tmp_path)
+    disk = layout.committed_steps(root / "ck")[-1]
+    resumed = _result(_run(root, 2))
+    assert (resumed["resumed_from"], resumed["resume_source"]) == (newest, "memory")
+    assert newest > disk  # memory holds a newer step than disk: fewer steps replayed
+    assert resumed["param_sha256"] == clean["param_sha256"] and resumed["data_position"] == STEPS
+    event = _resume_events(root)[-1]
+    assert (event["source"], event["step"], event["disk_step"]) == ("memory", newest, disk)
+    assert not _mem_dir(root).exists()  # a run that ends takes its memory files with it
+
+
+def test_a_flipped_byte_falls_back_to_disk_and_says_so(single, tmp_path, monkeypatch, capsys):
+    clean, crashed, newest = single
+    root = _copy(crashed, tmp_path)
+    snap = _mem_dir(root) / memtier.snap_name(newest, 0)
+    data = bytearray(snap.read_bytes())
+    data[-100] ^= 0x01
+    snap.write_bytes(bytes(data))
+    resumed = _run_in_process(root, monkeypatch, capsys)
+    disk = layout.committed_steps(crashed / "ck")[-1]
+    assert (resumed["resumed_from"], resumed["resume_source"]) == (disk, "disk")
+    assert resumed["param_sha256"] == clean["param_sha256"]
+    event = _resume_events(root)[-1]
+    assert event["source"] == "disk" and "digest mismatch" in event["why"] and "rank_00000" in event["why"]
+
+
+def test_a_torn_snapshot_is_never_used(single, tmp_path, monkeypatch, capsys):
+    clean, crashed, newest = single
+    root = _copy(crashed, tmp_path)
+    snap = _mem_dir(root) / memtier.snap_name(newest, 0)
+    snap.write_bytes(snap.read_bytes()[:-50])  # cut short by a crash mid-copy (the rename makes this unlikely)
+    resumed = _run_in_process(root, monkeypatch, capsys)
+    assert resumed["resume_source"] == "disk" and resumed["resumed_from"] < newest
+    assert resumed["param_sha256"] == clean["param_sha256"]
+    assert "torn" in _resume_events(root)[-1]["why"]
+
+
+def test_a_snapshot_without_a_commit_marker_is_never_used(single, tmp_path, monkeypatch, capsys):
+    _clean, crashed, newest = single
+    root = _copy(crashed, tmp_path)
+    (_mem_dir(root) / memtier.commit_name(newest, 0)).unlink()
+    resumed = _run_in_process(root, monkeypatch, capsys)
+    assert resumed["resume_source"] == "disk"
+    assert f"step {newest}: no commit marker" in _resume_events(root)[-1]["why"]
+
+
+@pytest.mark.slow
+def test_a_changed_world_size_resumes_from_disk(runs, tmp_path):
+    _clean, crashed, _newest = runs
+    root = _copy(crashed, tmp_path)
+    resumed = _result(_run(root, 3, "--steps", "6"))
+    assert resumed["resume_source"] == "disk" and resumed["resharded_from"] == 2
+    assert "world size changed" in _resume_events(root)[-1]["why"]

@@ -505,15 +505,19 @@ class CheckpointManager:
     # ---- public API ----
     @property
     def stats(self) -> dict[str, Any]:
-        """Save counts and the last error; in auto mode also the estimator's figures (rank 0's; None on the
-        other ranks): ``interval_s`` (the Young/Daly interval now chosen: training seconds between saves, once
-        the run's first save is done), ``mtbf_s``, ``cost_s``, ``write_s``, ``failures``, ``exposure_s``."""
+        """Save counts, the last error and the committed saves' mean stall (``stall_s_mean``); in auto mode also the
+        estimator's figures (rank 0's; None on the other ranks): ``interval_s`` (the Young/Daly interval now chosen:
+        training seconds between saves, once the run's first save is done), ``mtbf_s``, ``cost_s``, ``write_s``,
+        ``failures``, ``exposure_s``; ``memory``: the memory tier's (:attr:`MemoryTier.stats`; None when off)."""
         done = [r for r in self.results if r is not self._inflight]
         stats = {"saves": len(done), "failed": sum(not r.ok for r in done), "last_stall_s": self.last_stall_s,
                  "last_error": next((r.error for r in reversed(done) if r.error), ""),
                  "last_saved_step": self._last_saved_step}
         if self.config.auto:
             stats.update(self._interval_stats())
+        done_ok = [r for r in done if r.ok]
+        stats["stall_s_mean"] = sum(r.stall_s for r in done_ok) / len(done_ok) if done_ok else None
+        stats["memory"] = self.memory.stats if self.memory is not None else None
         return stats
 
     def maybe_save(self, step: int) -> bool:

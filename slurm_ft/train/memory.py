@@ -106,7 +106,9 @@ class MemoryTier:
         self._thread: threading.Thread | None = None
         self._last_call: tuple[int, float] | None = None
         self._step_s = 0.0
-        self.outcomes: list[Outcome] = []
+        self.snapshots = 0  # taken by this rank
+        self.stall_total_s = self.stall_max_s = self.write_total_s = 0.0
+        self.snapshot_bytes = 0
         self.committed_step: int | None = None
         self._reported = False
         for name in memtier.clear_foreign(directory, alloc):
@@ -137,7 +139,9 @@ class MemoryTier:
         outcome = Outcome(step=step, step_s=self._step_s)
         payload_local = local()
         outcome.stall_s = time.monotonic() - start
-        self.outcomes.append(outcome)
+        self.snapshots += 1
+        self.stall_total_s += outcome.stall_s
+        self.stall_max_s = max(self.stall_max_s, outcome.stall_s)
         if self.every == AUTO:
             self._next = step + self.spacing
         self._thread = threading.Thread(target=self._write, args=(outcome, staged, payload_local),
@@ -174,6 +178,8 @@ class MemoryTier:
         except Exception as exc:
             outcome.peer_ok, outcome.error = False, outcome.error or f"peer copy: {type(exc).__name__}: {exc}"
         outcome.write_s = time.monotonic() - start
+        self.write_total_s += outcome.write_s
+        self.snapshot_bytes = outcome.nbytes
         try:
             everyone = self._all_gather(dataclasses.asdict(outcome))
         except Exception as exc:  # a dead peer: nothing commits; the restart decides from what is there
@@ -252,6 +258,16 @@ class MemoryTier:
             if spacing != self.spacing:
                 log.info("memory tier: a snapshot every %d steps", spacing)
             self.spacing = spacing
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """This rank's figures: snapshots taken, their mean and largest stall and mean background write, the last
+        snapshot's size, the newest step it committed, the spacing now, whether peers and the tier are on."""
+        n = max(1, self.snapshots)
+        return {"snapshots": self.snapshots, "stall_s_mean": self.stall_total_s / n, "stall_s_max": self.stall_max_s,
+                "write_s_mean": self.write_total_s / n, "snapshot_bytes": self.snapshot_bytes,
+                "committed_step": self.committed_step, "spacing": self.spacing, "peers": self.peers,
+                "enabled": self.enabled}
 
     # ---- restore ----
     def restore(self, disk_step: int | None) -> tuple[memtier.Choice, bytes]:

@@ -150,3 +150,103 @@ def test_a_changed_world_size_resumes_from_disk(runs, tmp_path):
     resumed = _result(_run(root, 3, "--steps", "6"))
     assert resumed["resume_source"] == "disk" and resumed["resharded_from"] == 2
     assert "world size changed" in _resume_events(root)[-1]["why"]
+
+
+# ---- peer copies: two "nodes", each rank with its own node name and its own memory root (its node's /dev/shm) ----
+def _spawn(root: Path, nodes: list[str], *args: str, kill_rest_when: int | None = None) -> list[tuple[int, str]]:
+    """One process per rank, rank r on node ``nodes[r]`` (SLURMD_NODENAME, memory root ``root/shm-<node>``), by hand
+    as srun would start them; ``kill_rest_when``: once this rank has died, SIGKILL the others (a node lost)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank, node in enumerate(nodes):
+        (root / f"shm-{node}").mkdir(exist_ok=True)
+        env = {**_env(root), "SLURM_FT_MEM_ROOT": str(root / f"shm-{node}"), "SLURMD_NODENAME": node,
+               "RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}
+        cmd = [sys.executable, "-m", "slurm_ft.train.example", "--ckpt-dir", str(root / "ck"), *COMMON, *args]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    if kill_rest_when is not None:
+        procs[kill_rest_when].wait(timeout=120)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [(proc.wait(timeout=120), proc.communicate()[0]) for proc in procs]
+
+
+def _node_dir(root: Path, node: str) -> Path:
+    return root / f"shm-{node}" / shmdir.dir_name(RUN_ID)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(runs, tmp_path_factory):
+    """Ranks 0 and 1 on nodes a and b, rank 1 SIGKILLed at step 7 and rank 0 with it: (clean result, root,
+    newest step whose marker says the peer copies were complete)."""
+    clean = runs[0]
+    root = tmp_path_factory.mktemp("nodes")
+    _spawn(root, ["a", "b"], "--crash-at", "1:7", kill_rest_when=1)
+    peered = [p.step for n in memtier.names(_node_dir(root, "a")) if (p := memtier.parse_name(n)) and p.kind == "peer"]
+    assert peered, memtier.names(_node_dir(root, "a"))
+    return clean, root, max(peered)
+
+
+def test_a_swapped_in_node_s_rank_restores_from_its_peer_copy(two_nodes, tmp_path):
+    clean, crashed, _peered = two_nodes
+    root = _copy(crashed, tmp_path)
+    marked = [s for s, peers in memtier.inventory(_node_dir(root, "a"), 0, [0], world_size=2, alloc=".0")
+              .markers.items() if peers]
+    (rc0, out), (rc1, _) = _spawn(root, ["a", "c"])  # node b is gone: rank 1 runs on a fresh node c
+    assert rc0 == rc1 == 0
+    resumed = json.loads(out.strip().splitlines()[-1])
+    assert (resumed["resume_source"], resumed["resumed_from"]) == ("peer", max(marked))
+    assert resumed["param_sha256"] == clean["param_sha256"]
+    assert _resume_events(root)[-1]["source"] == "peer"
+
+
+def test_a_flipped_byte_in_a_peer_copy_falls_back_to_disk(two_nodes, tmp_path):
+    clean, crashed, peered = two_nodes
+    root = _copy(crashed, tmp_path)
+    for name in memtier.names(_node_dir(root, "a")):
+        parsed = memtier.parse_name(name)
+        if parsed and parsed.kind == "peer":
+            path = _node_dir(root, "a") / name
+            data = bytearray(path.read_bytes())
+            data[-7] ^= 0x10
+            path.write_bytes(bytes(data))
+    (rc0, out), (rc1, _) = _spawn(root, ["a", "c"])
+    assert rc0 == rc1 == 0
+    resumed = json.loads(out.strip().splitlines()[-1])
+    assert resumed["resume_source"] == "disk" and resumed["param_sha256"] == clean["param_sha256"]
+    event = _resume_events(root)[-1]
+    assert event["source"] == "disk" and "digest mismatch" in event["why"]
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and tmpfs mounts")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_memory_pressure_steps_the_tier_back_and_training_goes_on(tiny_tmpfs, tmp_path, monkeypatch, capsys):
+    """A ~0.85 MB snapshot on a 2 MB tmpfs: the first fits, the second would leave less than its size free."""
+    root = tmp_path / "run"
+    root.mkdir()
+    monkeypatch.setenv("SLURM_FT_MEM_ROOT", str(tiny_tmpfs))  # read after _run_in_process's own setting
+    for key in [k for k in os.environ if k.startswith(("SLURM_JOB_ID", "SLURM_RESTART"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_FT_RUN_ID", RUN_ID)
+    capsys.readouterr()
+    assert example.main(["--ckpt-dir", str(root / "ck"), *COMMON, "--hidden", "256", "--steps", "4"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["step"] == 4 and result["checkpoint"]["memory"]["enabled"] is False
+    events = [json.loads(line) for line in (root / "ck" / RUN_SUBDIR / EVENTS_FILE).read_text().splitlines()]
+    back = [e for e in events if e["event"] == "mem_step_back"]
+    assert back and "memory pressure" in back[0]["why"] and back[0]["now"] == "memory tier off"

@@ -393,7 +393,8 @@ class CheckpointManager:
                 self._event("mem_step_back", why=whys[0], now="memory tier off")
             return None
         alloc = f"{os.environ.get(env.SLURM_JOB_ID, '')}.{os.environ.get(env.SLURM_RESTART_COUNT, '0') or '0'}"
-        return MemoryTier(directory=directory, rank=self.rank, world_size=self.world_size,
+        epoch = self._broadcast(uuid.uuid4().hex[:16] if self.rank == 0 else None)  # this attempt's snapshots
+        return MemoryTier(epoch=epoch, directory=directory, rank=self.rank, world_size=self.world_size,
                           rank_hosts=list(self.rank_hosts), alloc=alloc, group=self._mem_group,
                           every=self.config.mem_every, events=self._event, distributed=self._distributed)
 

@@ -91,8 +91,8 @@ class MemoryTier:
     """One rank's side of the tier (construct on every rank, with the same ``every``)."""
 
     def __init__(self, *, directory: Path, rank: int, world_size: int, rank_hosts: list[str], alloc: str,
-                 group: Any, every: int | str, events: Events, distributed: bool) -> None:
-        self.dir, self.rank, self.world_size, self.alloc = directory, rank, world_size, alloc
+                 group: Any, every: int | str, events: Events, distributed: bool, epoch: str) -> None:
+        self.dir, self.rank, self.world_size, self.alloc, self.epoch = directory, rank, world_size, alloc, epoch
         self.group, self.events, self.distributed = group, events, distributed
         self.every = every
         self.local = memtier.local_ranks(rank_hosts, rank)
@@ -162,7 +162,7 @@ class MemoryTier:
             torch.save({"state": plain(staged), "local": local}, buf)
             del staged
             data = memtier.encode(step=outcome.step, rank=self.rank, world_size=self.world_size, alloc=self.alloc,
-                                  payload=buf.getvalue())
+                                  epoch=self.epoch, payload=buf.getvalue())
             del buf
             outcome.nbytes = len(data)
             if pressure(need=len(data) * (2 if self.peers else 1), free=free_bytes(self.dir)):
@@ -224,7 +224,7 @@ class MemoryTier:
             try:
                 memtier.write_file(self.dir, memtier.commit_name(step, self.rank),
                                    memtier.marker_bytes(step=step, world_size=self.world_size, alloc=self.alloc,
-                                                        peers=peers))
+                                                        epoch=self.epoch, peers=peers))
                 memtier.retain(self.dir, self.rank, keep_from=step)
                 self.committed_step = step
             except OSError as exc:

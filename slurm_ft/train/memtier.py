@@ -4,17 +4,20 @@ where a restart's state comes from.
 Files in the job's directory (:mod:`slurm_ft.core.shmdir`; all 0600, written to a temp name and renamed):
 
 - ``step_<N>.rank_<R>.snap``: rank R's snapshot of step N (``encode``: a JSON header line with step, rank, world
-  size, allocation, payload size and sha256, then the payload the manager made);
+  size, allocation, epoch, payload size and sha256, then the payload the manager made);
 - ``step_<N>.rank_<R>.peer_<H>``: the same bytes, a peer copy of rank R's snapshot held by rank H (on the next node
   of the ring: :func:`peer_ring`);
 - ``step_<N>.rank_<R>.commit``: rank R's commit marker, written only after every rank reported its part of step N
-  complete (an all-gather in the tier's own gloo group): ``{"step", "world_size", "alloc", "peers"}``, ``peers``
-  true when every peer copy was complete too.
+  complete (an all-gather in the tier's own gloo group): ``{"step", "world_size", "alloc", "epoch", "peers"}``,
+  ``peers`` true when every peer copy was complete too.
+
+The epoch is a random token every attempt of the run agrees on at its start: an attempt that resumed from an older
+step writes the same step numbers again, and parts of two attempts must never be mixed.
 
 The commit rule: step N is usable when every rank of the current world has a verified copy of its part (header
-and digest good, same world size and allocation) and some rank holds a commit marker of N (the marker is the
-evidence that the agreement happened: a rank killed between the agreement and its own marker still has a good
-part); a peer copy counts only when some marker of N says ``peers``. :func:`choose` applies it (pure), newest step
+and digest good, same world size and allocation) and some rank holds a commit marker of N, all of one epoch (the
+marker is the evidence that the agreement happened: a rank killed between the agreement and its own marker still
+has a good part); a peer copy counts only when such a marker says ``peers``. :func:`choose` applies it (pure), newest step
 first; anything else falls back to disk, with the reason.
 """
 
@@ -73,8 +76,8 @@ def parse_name(name: str) -> FileName | None:
     return FileName(int(m.group(1)), int(m.group(2)), kind, int(m.group(4)) if m.group(4) else None)
 
 
-def encode(*, step: int, rank: int, world_size: int, alloc: str, payload: bytes) -> bytes:
-    header = {"v": FORMAT, "step": step, "rank": rank, "world_size": world_size, "alloc": alloc,
+def encode(*, step: int, rank: int, world_size: int, alloc: str, epoch: str, payload: bytes) -> bytes:
+    header = {"v": FORMAT, "step": step, "rank": rank, "world_size": world_size, "alloc": alloc, "epoch": epoch,
               "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
     return json.dumps(header, sort_keys=True).encode() + b"\n" + payload
 
@@ -152,15 +155,16 @@ class Copy:
     rank: int
     kind: str  # "snap" or "peer"
     name: str
+    epoch: str = ""
 
 
 @dataclasses.dataclass(slots=True)
 class Inventory:
-    """What one rank found in its share of its node's files: verified copies, commit markers (step -> peers
-    flag) and problems (one line each)."""
+    """What one rank found in its share of its node's files: verified copies, commit markers ((step, epoch) ->
+    peers flag) and problems (one line each)."""
 
     copies: list[Copy] = dataclasses.field(default_factory=list)
-    markers: dict[int, bool] = dataclasses.field(default_factory=dict)
+    markers: dict[tuple[int, str], bool] = dataclasses.field(default_factory=dict)
     problems: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -178,36 +182,37 @@ class Choice:
 def choose(inventories: Sequence[Inventory], world_size: int, *, disk_step: int | None) -> Choice:
     """The newest step the commit rule allows (module docstring), if not older than disk's newest committed step;
     each rank's part from its own copy when it has one, else from any verified copy another rank holds."""
-    markers: dict[int, bool] = {}
+    markers: dict[tuple[int, str], bool] = {}
     for inv in inventories:
-        for step, peers in inv.markers.items():
-            markers[step] = markers.get(step, False) or peers
-    steps = sorted({c.step for inv in inventories for c in inv.copies} | set(markers), reverse=True)
+        for key, peers in inv.markers.items():
+            markers[key] = markers.get(key, False) or peers
+    steps = sorted({c.step for inv in inventories for c in inv.copies} | {s for s, _ in markers}, reverse=True)
     whys = []
     for step in steps:
         if disk_step is not None and step < disk_step:
             whys.append(f"disk step {disk_step} is newer than memory step {step}")
             break
-        if step not in markers:
+        epochs = sorted(e for s, e in markers if s == step)
+        if not epochs:
             whys.append(f"step {step}: no commit marker (torn)")
             continue
-        plan, missing = _plan(inventories, world_size, step, peers_ok=markers[step])
-        if missing is not None:
-            whys.append(f"step {step}: no verified part of rank {missing}")
-            continue
-        used_peer = any(holder != rank for rank, (holder, _name) in enumerate(plan))
-        return Choice(PEER if used_peer else MEMORY, step, tuple(plan))
+        for epoch in epochs:
+            plan, missing = _plan(inventories, world_size, step, epoch, peers_ok=markers[step, epoch])
+            if missing is None:
+                used_peer = any(holder != rank for rank, (holder, _name) in enumerate(plan))
+                return Choice(PEER if used_peer else MEMORY, step, tuple(plan))
+        whys.append(f"step {step}: no verified part of rank {missing}")
     problems = sorted({p for inv in inventories for p in inv.problems})
     reasons = whys[:3] + problems[:3] or [NOTHING]
     return Choice(DISK, why="; ".join(reasons))
 
 
-def _plan(inventories: Sequence[Inventory], world_size: int, step: int, *,
+def _plan(inventories: Sequence[Inventory], world_size: int, step: int, epoch: str, *,
           peers_ok: bool) -> tuple[list[tuple[int, str]], int | None]:
     plan: list[tuple[int, str]] = []
     for rank in range(world_size):
         found = [(holder, c) for holder, inv in enumerate(inventories) for c in inv.copies
-                 if c.step == step and c.rank == rank and (c.kind == "snap" or peers_ok)]
+                 if c.step == step and c.rank == rank and c.epoch == epoch and (c.kind == "snap" or peers_ok)]
         found.sort(key=lambda hc: (hc[0] != rank, hc[1].kind != "snap", hc[0]))
         if not found:
             return plan, rank
@@ -292,7 +297,8 @@ def inventory(directory: Path, rank: int, local: Sequence[int], *, world_size: i
             marker = _marker(data)
             if marker is not None and marker.get("alloc") == alloc and marker.get("world_size") == world_size \
                     and marker.get("step") == parsed.step:
-                inv.markers[parsed.step] = inv.markers.get(parsed.step, False) or bool(marker.get("peers"))
+                key = (parsed.step, str(marker.get("epoch", "")))
+                inv.markers[key] = inv.markers.get(key, False) or bool(marker.get("peers"))
             continue
         try:
             header, _payload = decode(data)
@@ -303,7 +309,7 @@ def inventory(directory: Path, rank: int, local: Sequence[int], *, world_size: i
         if why:
             inv.problems.append(f"{name}: {why}")
             continue
-        inv.copies.append(Copy(parsed.step, parsed.rank, parsed.kind, name))
+        inv.copies.append(Copy(parsed.step, parsed.rank, parsed.kind, name, str(header.get("epoch", ""))))
     return inv
 
 
@@ -315,8 +321,9 @@ def _marker(data: bytes) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) else None
 
 
-def marker_bytes(*, step: int, world_size: int, alloc: str, peers: bool) -> bytes:
-    return json.dumps({"step": step, "world_size": world_size, "alloc": alloc, "peers": peers}).encode()
+def marker_bytes(*, step: int, world_size: int, alloc: str, epoch: str, peers: bool) -> bytes:
+    return json.dumps({"step": step, "world_size": world_size, "alloc": alloc, "epoch": epoch,
+                       "peers": peers}).encode()
 
 
 def clear_foreign(directory: Path, alloc: str) -> list[str]:

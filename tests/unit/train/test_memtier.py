@@ -22,7 +22,7 @@ def test_names_round_trip_and_temp_files_are_no_tier_files():
 
 
 def test_snapshot_format_checks_digest_and_length():
-    data = memtier.encode(step=5, rank=1, world_size=2, alloc="7.0", payload=b"payload bytes")
+    data = memtier.encode(step=5, rank=1, world_size=2, alloc="7.0", epoch="e", payload=b"payload bytes")
     header, payload = memtier.decode(data)
     assert payload == b"payload bytes" and (header["step"], header["rank"], header["world_size"]) == (5, 1, 2)
     flipped = bytearray(data)
@@ -38,9 +38,11 @@ def test_snapshot_format_checks_digest_and_length():
     assert memtier.check_header(header, step=5, rank=1, world_size=2, alloc="7.0") == ""
 
 
-def _inv(*copies: tuple[int, int, str], markers: dict[int, bool] | None = None) -> Inventory:
-    return Inventory(copies=[Copy(step, rank, kind, f"{kind}-{step}-{rank}") for step, rank, kind in copies],
-                     markers=dict(markers or {}))
+def _inv(*copies: tuple, markers: dict | None = None, epoch: str = "e") -> Inventory:
+    """Copies as (step, rank, kind[, epoch]); markers as step -> peers (of ``epoch``) or (step, epoch) -> peers."""
+    return Inventory(copies=[Copy(c[0], c[1], c[2], f"{c[2]}-{c[0]}-{c[1]}", c[3] if len(c) > 3 else epoch)
+                             for c in copies],
+                     markers={k if isinstance(k, tuple) else (k, epoch): v for k, v in (markers or {}).items()})
 
 
 def test_choose_newest_step_every_rank_holds_with_a_marker():
@@ -88,6 +90,16 @@ def test_a_missing_part_of_rank_0_is_missing_too():
     assert choice.source == "disk" and "rank 0" in choice.why
 
 
+def test_parts_of_two_attempts_are_never_mixed():
+    """An attempt that resumed from an older step writes step 6 again: rank 0's new part (epoch "new", no marker
+    yet) and rank 1's part and marker from the attempt before (epoch "old") are not one snapshot."""
+    invs = [_inv((6, 0, "snap", "new"), (5, 0, "snap", "new"), markers={(5, "new"): False}),
+            _inv((6, 1, "snap", "old"), (5, 1, "snap", "new"), markers={(6, "old"): False})]
+    choice = memtier.choose(invs, 2, disk_step=None)
+    assert (choice.source, choice.step) == ("memory", 5)
+    assert "step 6: no verified part of rank 0" in memtier.choose(invs, 2, disk_step=6).why
+
+
 def test_world_size_must_cover_every_rank():
     invs = [_inv((6, 0, "snap"), markers={6: False}), _inv((6, 1, "snap")), Inventory()]
     assert memtier.choose(invs, 3, disk_step=None).source == "disk"
@@ -130,13 +142,13 @@ def test_files_are_private_and_retention_keeps_the_newest(tmp_path):
 
 
 def test_inventory_reports_torn_flipped_and_foreign_snapshots(tmp_path):
-    good = memtier.encode(step=5, rank=0, world_size=1, alloc="a", payload=b"p" * 100)
+    good = memtier.encode(step=5, rank=0, world_size=1, alloc="a", epoch="e1", payload=b"p" * 100)
     memtier.write_file(tmp_path, memtier.snap_name(5, 0), good)
     memtier.write_file(tmp_path, memtier.commit_name(5, 0),
-                       memtier.marker_bytes(step=5, world_size=1, alloc="a", peers=False))
+                       memtier.marker_bytes(step=5, world_size=1, alloc="a", epoch="e1", peers=False))
     memtier.write_file(tmp_path, memtier.snap_name(6, 0), good[:-10])  # torn
     inv = memtier.inventory(tmp_path, 0, [0], world_size=1, alloc="a")
-    assert [c.step for c in inv.copies] == [5] and inv.markers == {5: False}
+    assert [(c.step, c.epoch) for c in inv.copies] == [(5, "e1")] and inv.markers == {(5, "e1"): False}
     assert any("torn" in p for p in inv.problems)
     assert memtier.inventory(tmp_path, 0, [0], world_size=2, alloc="a").copies == []
     os.symlink(tmp_path / memtier.snap_name(5, 0), tmp_path / memtier.snap_name(7, 0))

@@ -102,7 +102,9 @@ class MemoryTier:
         self.enabled = True
         self.spacing = 1 if every == AUTO else int(every)
         self._next = 0  # auto: the step of the next snapshot (0: the first maybe_save)
-        self._stager = Stager(reuse_buffers=False)  # no host copy kept between snapshots: only the files
+        # On CPU no host copy is kept between snapshots (only the files); with CUDA the pinned staging buffers are
+        # kept, as pinning fresh host memory at every snapshot would cost more than the copy.
+        self._stager = Stager(reuse_buffers=torch.cuda.is_available())
         self._thread: threading.Thread | None = None
         self._last_call: tuple[int, float] | None = None
         self._step_s = 0.0
@@ -248,7 +250,8 @@ class MemoryTier:
             self._reported = True
             shard = max(o.nbytes for o in everyone)
             self.events("mem_tier", step=everyone[0].step, every=self.every, peers=self.peers,
-                        snapshot_bytes=shard, host_bytes_per_rank=shard * (2 if self.peers else 1),
+                        snapshot_bytes=shard, host_bytes_per_rank=shard * (2 if self.peers else 1)
+                        + self._stager.cached_bytes,
                         stall_s=round(max(o.stall_s for o in everyone), 4),
                         write_s=round(max(o.write_s for o in everyone), 4))
         if self.every == AUTO:

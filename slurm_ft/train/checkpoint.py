@@ -388,8 +388,8 @@ class CheckpointManager:
                 why = str(exc)
         whys = [w for w in self._all_gather(why) if w]
         if whys:
-            log.warning("memory tier off: %s", whys[0])
-            if self.rank == 0 and key is not None:
+            log.log(logging.WARNING if key is not None else logging.INFO, "memory tier off: %s", whys[0])
+            if key is not None:  # a refused dir is news; a run outside Slurm without an identity is not
                 self._event("mem_step_back", why=whys[0], now="memory tier off")
             return None
         alloc = f"{os.environ.get(env.SLURM_JOB_ID, '')}.{os.environ.get(env.SLURM_RESTART_COUNT, '0') or '0'}"

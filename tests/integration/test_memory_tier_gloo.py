@@ -250,3 +250,21 @@ def test_memory_pressure_steps_the_tier_back_and_training_goes_on(tiny_tmpfs, tm
     events = [json.loads(line) for line in (root / "ck" / RUN_SUBDIR / EVENTS_FILE).read_text().splitlines()]
     back = [e for e in events if e["event"] == "mem_step_back"]
     assert back and "memory pressure" in back[0]["why"] and back[0]["now"] == "memory tier off"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a dir of another uid")
+def test_another_users_dir_of_the_same_name_turns_the_tier_off_and_training_goes_on(tmp_path, monkeypatch,
+                                                                                    capsys):
+    """/dev/shm is world-writable: another user may make the job's dir name first. It is never used."""
+    root = tmp_path / "run"
+    (root / "shm").mkdir(parents=True)
+    os.chmod(root / "shm", 0o1777)
+    planted = _mem_dir(root)
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 65534, 65534)  # nobody's
+    result = _run_in_process(root, monkeypatch, capsys, "--steps", "3")
+    assert result["step"] == 3 and result["checkpoint"]["memory"] is None
+    assert os.listdir(planted) == []  # nothing written into it
+    events = [json.loads(line) for line in (root / "ck" / RUN_SUBDIR / EVENTS_FILE).read_text().splitlines()]
+    [back] = [e for e in events if e["event"] == "mem_step_back"]
+    assert "owned by uid 65534" in back["why"] and back["now"] == "memory tier off"

@@ -40,12 +40,14 @@ def _run(root: Path, nproc: int, *args: str, check: bool = True) -> subprocess.C
     return proc
 
 
-def _run_in_process(root: Path, monkeypatch, capsys, *args: str) -> dict:
+def _run_in_process(root: Path, monkeypatch, capsys, *args: str, env: dict[str, str] | None = None) -> dict:
     """One rank, restarted in this process (no interpreter start-up): the tier works without torch.distributed."""
     for key in [k for k in os.environ if k.startswith(("SLURM_FT_", "SLURM_JOB_ID", "SLURM_RESTART"))]:
         monkeypatch.delenv(key)
     monkeypatch.setenv("SLURM_FT_RUN_ID", RUN_ID)
     monkeypatch.setenv("SLURM_FT_MEM_ROOT", str(root / "shm"))
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
     capsys.readouterr()
     assert example.main(["--ckpt-dir", str(root / "ck"), *COMMON, *args]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -141,6 +143,16 @@ def test_a_snapshot_without_a_commit_marker_is_never_used(single, tmp_path, monk
     resumed = _run_in_process(root, monkeypatch, capsys)
     assert resumed["resume_source"] == "disk"
     assert f"step {newest}: no commit marker" in _resume_events(root)[-1]["why"]
+
+
+def test_after_a_requeue_the_run_resumes_from_disk(single, tmp_path, monkeypatch, capsys):
+    """A requeued job keeps its id but gets a new allocation (Slurm's SLURM_RESTART_COUNT): its memory is not
+    this allocation's, even where the same node's /dev/shm still holds it."""
+    clean, crashed, newest = single
+    root = _copy(crashed, tmp_path)
+    resumed = _run_in_process(root, monkeypatch, capsys, env={"SLURM_RESTART_COUNT": "1"})
+    assert resumed["resume_source"] == "disk" and resumed["resumed_from"] < newest
+    assert resumed["param_sha256"] == clean["param_sha256"]
 
 
 @pytest.mark.slow

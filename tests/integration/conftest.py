@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -81,3 +82,15 @@ def _start(cluster: LabCluster) -> None:
 def lab_env(lab: LabCluster) -> dict[str, str]:
     """``os.environ`` plus the lab's SLURM_CONF, for subprocess calls to Slurm tools."""
     return {**os.environ, **lab.env()}
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs mounted for one test (root only; skipped elsewhere): a real ENOSPC, a real full /dev/shm."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and tmpfs mounts")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)

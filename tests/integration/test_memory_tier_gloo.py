@@ -236,17 +236,6 @@ def test_a_flipped_byte_in_a_peer_copy_falls_back_to_disk(two_nodes, tmp_path):
     assert event["source"] == "disk" and "digest mismatch" in event["why"]
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root and tmpfs mounts")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
-
-
 def test_memory_pressure_steps_the_tier_back_and_training_goes_on(tiny_tmpfs, tmp_path, monkeypatch, capsys):
     """A ~0.85 MB snapshot on a 2 MB tmpfs: the first fits, the second would leave less than its size free."""
     root = tmp_path / "run"

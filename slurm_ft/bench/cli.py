@@ -30,11 +30,12 @@ DELEGATED = {
              "per-step cost of the manager's all-reduce at 1-8 ranks, modelled to 16k"),
     "classify": ("slurm_ft.bench.classify_bench", "bench_classify.py",
                  "classifier accuracy on real failures (--speed: verdicts per second)"),
+    "faults": ("slurm_ft.bench.faults", None, "every fault on a lab of hosts, one table (run once per Slurm release)"),
 }
 
 
 def register(subparsers, name: str) -> None:
-    parser = subparsers.add_parser(name, help="benchmarks: sim, lab, checkpoint, step, classify")
+    parser = subparsers.add_parser(name, help="benchmarks: sim, lab, checkpoint, step, classify, faults")
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     _add_sim(sub)
     for bench, (_, _, help_text) in DELEGATED.items():

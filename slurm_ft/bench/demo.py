@@ -17,9 +17,22 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
   the launcher's wait for the GPUs to let go (``slurm_ft.launch.reclaim``) ends at its bound, the verdict is
   ``hardware_gpu`` naming that node and GPU, and the job swaps in its spare node (3 nodes, one spare) and finishes
   there. The lab's nodes get two fake GPUs each for it (``slurm_ft.lab.gpus``).
+- ``link-down`` (hosts mode only, ``--hosts``): rank 1's node loses its network for good (its cable pulled,
+  ``slurm_ft.lab.faults.link_down``) mid-step: the launcher's hang watch catches it within the hang timeout, its
+  probe finds the node unreachable, the verdict names that node, and the job (3 nodes, one spare) swaps the spare
+  in, or is requeued without the node;
+- ``link-flap`` (hosts mode only): the same cable pulled for ``FLAP_S`` seconds, longer than the job's hang timeout
+  (``FLAP_HANG_TIMEOUT``) and shorter than the lab's SlurmdTimeout (Slurm does not see it): a restart in place on
+  the same nodes, the node struck at most, never quarantined on its first flap;
+- ``slow-link`` (hosts mode only): rank 1's node's link throttled to ``SLOW_RATE`` both ways (tbf) from the fault
+  step on: training goes on, slower; no fault verdict while steps still complete;
 - ``desync``: rank 1 calls an all-reduce the others do not (``--desync-at``, on every attempt: a bug): the ranks
   hang in different collectives at the same sequence number; the dumps show both calls, the verdict is
   ``user_code`` after one attempt, and no restart is taken from the budget.
+
+``--hosts`` runs the demo on a lab whose nodes are hosts of their own (``slurm-ft lab up --hosts``): there
+``node-death`` is the death of the whole host (every process on it, its link down), and the jobs' directory lies
+inside the lab dir (the cluster's shared filesystem: every node's ``/tmp`` is its own).
 
 Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's, where
 the restart's state came from: ``memory@N``, ``peer@N`` or ``disk@N``, the trainer's own ``resume`` event) and ETTR
@@ -55,41 +68,53 @@ from slurm_ft.core.comment import TAG
 from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.core.rundir import read_events, read_heartbeats
 from slurm_ft.core.taxonomy import Category, culprit_text
+from slurm_ft.lab import faults as lab_faults
 from slurm_ft.lab import gpus as lab_gpus
 from slurm_ft.lab.cluster import LabCluster, LabConfig
 from slurm_ft.lab.faults import crash_node, fault_timing, first_attempt_only, signal_rank
 from slurm_ft.lab.interrupt import run_to_the_end, teardown
 from slurm_ft.slurm.types import JobInfo, JobState
 
-SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held")
-INJECTED = ("kill-rank", "hang", "node-death", "gpu-held")  # the demo injects these from outside the job
+SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held",
+             "link-down", "link-flap", "slow-link")
+HOSTS_ONLY = ("link-down", "link-flap", "slow-link")  # real network faults: only where every node is a host (--hosts)
+INJECTED = ("kill-rank", "hang", "node-death", "gpu-held", *HOSTS_ONLY)  # the demo injects these from outside the job
+NO_RESTART = ("slow-link",)  # injected, and nothing may be restarted for it
 IN_TRAINER = ("stuck-loader", "desync")  # the trainer's own flags inject these; the demo says when they fire
-RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held")
+RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", "link-down", "link-flap")
 RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
 HANG_TIMEOUT = 10
 MEMORY_RESUMES = ("kill-rank", "hang")  # restarted in place from the memory tier: <= 1 step lost (issue 32)
+FLAP_HANG_TIMEOUT = 5  # link-flap's job: a stall this long is caught while the cable is still out
+SLOW_RATE = "256kbit"  # slow-link: rank 1's node's link, both ways, from the fault step to the job's end
+FLAP_S = 7.0  # link-flap: seconds the cable stays out: past the job's hang timeout, short of SlurmdTimeout (10 s)
 ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DemoConfig:
     """``dir`` (--dir), ``scenarios`` (--scenarios), ``steps`` (--steps), ``fault_step`` (steps done before a
-    fault), ``step_time_s``, ``timeout_s`` (--timeout: all jobs), ``keep_lab`` (--keep-lab)."""
+    fault), ``step_time_s``, ``timeout_s`` (--timeout: all jobs), ``keep_lab`` (--keep-lab), ``hosts`` (--hosts:
+    every lab node a host of its own; the network faults need it)."""
 
     dir: Path
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = tuple(s for s in SCENARIOS if s not in HOSTS_ONLY)
     steps: int = 24
     fault_step: int = 10
     step_time_s: float = 0.3
     timeout_s: float = 600.0
     keep_lab: bool = False
+    hosts: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
             raise ValueError(f"scenarios: unknown {unknown[0]!r} (known: {', '.join(SCENARIOS)}) (--scenarios)"
                              if unknown else "scenarios: give at least one (--scenarios)")
+        needs_hosts = [s for s in self.scenarios if s in HOSTS_ONLY]
+        if needs_hosts and not self.hosts:
+            raise ValueError(f"scenarios: {needs_hosts[0]!r} needs a lab whose nodes are hosts (--hosts)")
         if "clean" not in self.scenarios:  # the reference for the checksum and ETTR
             object.__setattr__(self, "scenarios", ("clean", *self.scenarios))
         if not 1 <= self.fault_step < self.steps - EVERY:
@@ -112,6 +137,7 @@ class Run:
     detected_at: float | None = None  # node-death: when Slurm requeued the job (no launcher lived to see it)
     victim: str = ""
     held: tuple[str, int] | None = None  # gpu-held: the node and GPU that keep the killed rank's memory
+    link_back: float | None = None  # link-flap: when the victim's cable was plugged back in
     final: JobInfo | None = None
     result: dict[str, Any] | None = None
     printed: int = 0  # launcher events already shown
@@ -141,14 +167,20 @@ def batch_script(cfg: DemoConfig, run: Run) -> str:
 
 
 def ft_flags(run: Run) -> list[str]:
-    spares = ["--ft-spare-nodes=1"] if run.name == "gpu-held" else []
+    spares = ["--ft-spare-nodes=1"] if run.name in ("gpu-held", "link-down") else []
+    if run.name == "link-down":  # the allocation outlives the node (docs/ml-engineer.md: spares want --no-kill)
+        spares.append("--no-kill")
     return ["--ft", f"--ft-ckpt-dir={run.ckpt}", f"--ft-ckpt-every={EVERY}", "--ft-max-restarts=2",
-            f"--ft-hang-timeout={HANG_TIMEOUT}", *spares]
+            f"--ft-hang-timeout={hang_timeout(run.name)}", *spares]
+
+
+def hang_timeout(scenario: str) -> int:
+    return FLAP_HANG_TIMEOUT if scenario == "link-flap" else HANG_TIMEOUT
 
 
 def node_count(run: Run) -> int:
-    """2 nodes per job; gpu-held has a third, its spare."""
-    return 3 if run.name == "gpu-held" else 2
+    """2 nodes per job; gpu-held and link-down have a third, their spare."""
+    return 3 if run.name in ("gpu-held", "link-down") else 2
 
 
 def submit(run: Run, script: str, env: dict[str, str], workdir: Path) -> int:
@@ -188,7 +220,19 @@ def inject(lab: Any, run: Run, job: JobInfo, say: Callable[[str], None]) -> None
     elif run.name == "node-death":
         run.victim = job.nodes[0]
         crash_node(lab, run.victim)
-        say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) killed: slurmd, stepds, ranks")
+        what = "the whole host: every process on it, its link down" if lab.mode.value == "hosts" else \
+            "slurmd, stepds, ranks"
+        say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) killed: {what}")
+    elif run.name == "slow-link":
+        run.victim = rank_node(run, 1) or job.nodes[1]
+        lab_faults.slow_link(lab, run.victim, SLOW_RATE)
+        say(f"{run.name}: node {run.victim}'s link (rank 1 of job {run.job_id}) throttled to {SLOW_RATE} at step "
+            f"{run.fault_step}")
+    elif run.name in HOSTS_ONLY:
+        run.victim = rank_node(run, 1) or job.nodes[1]
+        lab_faults.link_down(lab, run.victim)
+        say(f"{run.name}: node {run.victim}'s link (rank 1 of job {run.job_id}) down at step {run.fault_step}"
+            + (" for good" if run.name == "link-down" else f" for {FLAP_S:g} s"))
     elif run.name == "gpu-held":
         _, node, gpu = lab_gpus.hold_and_kill(lab, run.job_id, 1, seconds=None)
         run.held = (node, gpu)
@@ -290,11 +334,14 @@ class _ShortMonitorLines(logging.Handler):
             self.say(f"monitor: job {job} stays ended: {event['reason']}")
 
 
-def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, list[str]]:
-    """Run the scenarios; return the summary table and the checks that failed (empty: all held)."""
-    lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=4))
-    say(f"lab: starting a 4-node Slurm cluster in {lab.dir}")
-    workdir = cfg.dir / "jobs"
+def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print,
+             collect: dict[str, Any] | None = None) -> tuple[str, list[str]]:
+    """Run the scenarios; return the summary table and the checks that failed (empty: all held). ``collect``
+    receives the runs, the monitor's verdicts and the nodes quarantined at the end (``slurm-ft bench faults``)."""
+    nodes = 5 if cfg.hosts else 4  # hosts: room for link-down's 3 nodes once node-death's host is quarantined
+    lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=nodes, hosts=cfg.hosts))
+    say(f"lab: starting a {nodes}-node Slurm cluster in {lab.dir}" + (" (every node a host)" if cfg.hosts else ""))
+    workdir = jobs_dir(cfg, lab.dir)
     runs = [Run(name=name, ckpt=workdir / f"ck-{name}") for name in
             sorted(cfg.scenarios, key=lambda n: (n != "node-death", SCENARIOS.index(n)))]  # longest first
     try:  # from the lab's start: a signal while it comes up takes it down too (slurm_ft.lab.interrupt)
@@ -309,11 +356,15 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[str, 
                 run.job_id = submit(run, batch_script(cfg, run), env, workdir)
                 say(f"{run.name}: submitted job {run.job_id}")
             _drive(cfg, lab, runs, say)
+            _plug_back(lab, runs, say, force=True)
             time.sleep(2.5)  # the monitor's last polls over the ended jobs
             for run in runs:
                 run.final = lab.client().job(run.job_id)
                 run.result = _result(workdir / f"slurm-{run.job_id}.out")
             table, failed = summarize_runs(cfg, runs, lab, monitor.quarantine, monitor.verdicts)
+            if collect is not None:
+                collect.update(runs=runs, verdicts=dict(monitor.verdicts), failed=failed, quarantined=sorted(
+                    n for n in lab.node_names if monitor.quarantine.is_quarantined(n)))
             for run in runs:
                 if run.victim:
                     _restore(lab, monitor.quarantine, run.victim)
@@ -346,14 +397,35 @@ def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None
                 if progress is not None and progress[0] == 1 and progress[1] >= due:
                     run.fault_step, run.fault_time = progress[1], _fault_time(run, progress[1])
                     inject(lab, run, job, say)
-            if run.victim and run.detected_at is None and (job.restart_count > 0 or job.state is JobState.NODE_FAIL):
+            _plug_back(lab, [run], say)
+            if run.name == "node-death" and run.victim and run.detected_at is None and (
+                    job.restart_count > 0 or job.state is JobState.NODE_FAIL):
                 run.detected_at = time.time()
                 say(f"{run.name}: Slurm ended job {run.job_id} NODE_FAIL and requeued it")
             if job.state in ENDED:
+                if run.name == "slow-link" and run.victim:
+                    lab_faults.slow_link(lab, run.victim, None)  # the next job on the node runs at full speed
                 show_launcher_events(run, say)
                 say(f"{run.name}: job {run.job_id} {job.state.value}")
                 pending.remove(run)
         time.sleep(0.3)
+
+
+def jobs_dir(cfg: DemoConfig, lab_dir: Path) -> Path:
+    """Where the jobs' scripts, output and checkpoints go: next to the lab, or (hosts mode) inside the lab dir,
+    the one directory every node shares (their /tmp are their own)."""
+    return lab_dir / "jobs" if cfg.hosts else cfg.dir / "jobs"
+
+
+def _plug_back(lab: Any, runs: list[Run], say: Callable[[str], None], *, force: bool = False) -> None:
+    """link-flap: plug the victim's cable back ``FLAP_S`` seconds after the fault (``force``: now)."""
+    for run in runs:
+        if run.name != "link-flap" or not run.victim or run.link_back is not None or run.fault_time is None:
+            continue
+        if force or time.time() >= run.fault_time + FLAP_S:
+            lab_faults.link_up(lab, run.victim)
+            run.link_back = time.time()
+            say(f"{run.name}: node {run.victim}'s link up again after {run.link_back - run.fault_time:.1f} s")
 
 
 def _fault_time(run: Run, step: int) -> float:
@@ -380,6 +452,9 @@ def _result(path: Path) -> dict[str, Any] | None:
 
 
 def _restore(lab: Any, quarantine: Any, node: str) -> None:
+    if lab.mode.value == "hosts":
+        lab_faults.link_up(lab, node)
+        lab_faults.slow_link(lab, node, None)
     lab.start_node(node)
     quarantine.release(node, by="demo")
 
@@ -410,7 +485,7 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
         failed += [f"{run.name}: {what}" for what, held in checks if not held]
         wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
         same = run.result is not None and run.result.get("param_sha256") == reference
-        ratio = clean_wall / wall if wall and run.name in RECOVERING and same else None
+        ratio = clean_wall / wall if wall and run.name in (*RECOVERING, *NO_RESTART) and same else None
         if ratio is not None:
             walls.append(wall)
         rows.append((run.name, verdict["category"] if verdict else "-", culprit_text(verdict) if verdict else "-",
@@ -466,8 +541,8 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
         return checks
     checks += [("fault injected", timing is not None),
                ("params equal the clean run's", reference is not None and result.get("param_sha256") == reference),
-               (f"<= {EVERY} steps lost", timing is not None and timing.steps_lost is not None
-                and 0 <= timing.steps_lost <= EVERY)]
+               (f"<= {EVERY} steps lost", timing is not None and (
+                   run.name in NO_RESTART or timing.steps_lost is not None and 0 <= timing.steps_lost <= EVERY))]
     if run.name in ("kill-rank", "hang", "stuck-loader"):
         checks.append(("recovered in place", final is not None and final.restart_count == 0))
     if run.name == "gpu-held":
@@ -476,6 +551,13 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
         checks.append((f"detected within the {HANG_TIMEOUT} s hang timeout (+5 s polling)",
                        timing is not None and timing.detection_s is not None
                        and timing.detection_s <= HANG_TIMEOUT + 5))
+    if run.name in ("link-down", "link-flap"):
+        checks += link_checks(run, timing, events, quarantine)
+    if run.name == "slow-link":
+        checks += [("no fault detected", not any(e["event"] == "fault_detected" for e in events)),
+                   ("one attempt, not requeued", sum(e["event"] == "attempt_start" for e in events) == 1
+                    and final is not None and final.restart_count == 0),
+                   (f"{run.victim or '?'} not quarantined", not quarantine.is_quarantined(run.victim))]
     if run.name == "node-death":
         node = nodes.get(run.victim)
         checks += [("requeued once", final is not None and final.restart_count == 1),
@@ -484,6 +566,25 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
                    ("dead node quarantined", bool(run.victim) and quarantine.is_quarantined(run.victim)
                     and node is not None and node.reason.startswith(TAG))]
     return checks
+
+
+def link_checks(run: Run, timing: Any, events: list[dict], quarantine: Any) -> list[tuple[str, bool]]:
+    """link-down: caught within the hang timeout (+5 s), the job goes on without the node; link-flap: restarted in
+    place on the same nodes, the node not quarantined."""
+    node = run.victim or "?"
+    starts = [e for e in events if e["event"] == "attempt_start"]
+    later = starts[1:]
+    limit = hang_timeout(run.name)
+    checks = [(f"detected within the {limit} s hang timeout + 5 s", timing is not None
+               and timing.detection_s is not None and timing.detection_s <= limit + 5)]
+    if run.name == "link-down":
+        excluded = run.final is not None and node in run.final.excluded_nodes
+        return checks + [(f"went on without {node} (spare or requeue excluding it)", bool(later) and all(
+            node not in e["nodes"] for e in later) and (run.final is not None and run.final.restart_count == 0
+                                                       or excluded))]
+    return checks + [("recovered in place on the same nodes", run.final is not None and run.final.restart_count == 0
+                      and bool(later) and all(e["nodes"] == starts[0]["nodes"] for e in later)),
+                     (f"{node} not quarantined", not quarantine.is_quarantined(node))]
 
 
 def gpu_held_checks(run: Run, events: list[dict]) -> list[tuple[str, bool]]:
@@ -516,7 +617,7 @@ def rank_node(run: Run, rank: int) -> str:
 def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None) -> list[tuple[str, bool]]:
     """The verdict names the rank the demo faulted (rank 1) and its node, in the design's words."""
     words = {c.value for c in Category}
-    if run.name == "clean":
+    if run.name in ("clean", *NO_RESTART):
         return [("no verdict", verdict is None)]
     checks = [("a verdict in the design's words", verdict is not None and verdict["category"] in words)]
     if run.name in ("kill-rank", "hang", "stuck-loader", "user-error", "desync"):
@@ -539,6 +640,14 @@ def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None)
                     and verdict["recoverable"] is False),
                    ("both collectives in the evidence", any("all_reduce" in line and "all_gather" in line
                                                             for line in traced))]
+    culprit = (verdict or {}).get("culprit", {})
+    if run.name == "link-down":
+        checks.append((f"culprit {run.victim or '?'} only", bool(run.victim) and culprit.get("nodes") == [run.victim]))
+    if run.name == "link-flap":  # both ranks stalled alike and the probe found the link back: none may be named
+        checks.append(("no other node blamed", bool(run.victim) and set(culprit.get("nodes", [])) <= {run.victim}))
+    if run.name == "link-down":
+        checks.append(("network or hardware_node", verdict is not None and verdict["category"] in (
+            Category.NETWORK.value, Category.HARDWARE_NODE.value)))
     if run.name == "gpu-held":
         node = (run.held or ("?", -1))[0]
         culprit = (verdict or {}).get("culprit", {})
@@ -563,8 +672,11 @@ def register(subparsers: argparse._SubParsersAction, name: str = "demo") -> None
     parser = subparsers.add_parser(name, help="inject faults into training jobs on a local Slurm lab, show recovery",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", help="working directory (default: a new one under /tmp)")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
-                        help=f"comma-separated subset of {','.join(SCENARIOS)} (clean always runs)")
+    parser.add_argument("--scenarios", default=None,
+                        help=f"comma-separated subset of {','.join(SCENARIOS)} (clean always runs; default: all "
+                        f"but {', '.join(HOSTS_ONLY)}, which need --hosts)")
+    parser.add_argument("--hosts", action="store_true",
+                        help="every lab node a host of its own (namespaces; `slurm-ft lab up --hosts`)")
     parser.add_argument("--steps", type=int, default=24, help="training steps per job (default 24)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for all jobs (default 600)")
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab running afterwards")
@@ -574,8 +686,10 @@ def register(subparsers: argparse._SubParsersAction, name: str = "demo") -> None
 def _main(args: argparse.Namespace) -> int:
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="slurm-ft-demo-", dir="/tmp"))
     try:
-        cfg = DemoConfig(dir=workdir, scenarios=tuple(s.strip() for s in args.scenarios.split(",") if s.strip()),
-                         steps=args.steps, timeout_s=args.timeout, keep_lab=args.keep_lab)
+        chosen = {} if args.scenarios is None else {
+            "scenarios": tuple(s.strip() for s in args.scenarios.split(",") if s.strip())}
+        cfg = DemoConfig(dir=workdir, steps=args.steps, timeout_s=args.timeout, keep_lab=args.keep_lab,
+                         hosts=args.hosts, **chosen)
     except ValueError as exc:
         raise SlurmFtError(f"demo: {exc}") from exc
     workdir.mkdir(parents=True, exist_ok=True)

@@ -297,6 +297,12 @@ def choose_nodes(allocation: Sequence[str], *, wanted: int, bad: set[str]) -> li
     return good[:wanted] if len(good) >= wanted else None
 
 
+def from_nodes(records: list[Any], nodes: frozenset[str] | None) -> list[Any]:
+    """``records`` (heartbeats, errors, ends) written on ``nodes`` or by a writer that names no node; all of them
+    when ``nodes`` is None (no attempt yet)."""
+    return records if nodes is None else [r for r in records if not r.host or r.host in nodes]
+
+
 def unhealthy(nodes: Sequence[str], states: Mapping[str, NodeInfo]) -> set[str]:
     """Nodes that are down, drained or not responding in ``states`` (one ``nodes()`` call); unknown ones pass."""
     bad = set()
@@ -462,6 +468,7 @@ class Launcher:
         # the random part of the standbys' socket names, for our own steps only: nobody can bind them first
         self._standby_key = secrets.token_hex(16)
         self._world = 0  # the current attempt's ranks
+        self._attempt_nodes: frozenset[str] | None = None  # the current attempt's nodes
 
     def run(self) -> int:
         try:
@@ -638,6 +645,7 @@ class Launcher:
         env.update(wiring.env)
         env.update(nccl_defaults(env, hang_timeout_s=cfg.hang_timeout_s))  # only those the user did not set
         self._world = len(chosen) * wiring.ranks_per_node
+        self._attempt_nodes = frozenset(chosen)
         # A step that had a rank on a dead node stays "completing" in Slurm's books, holding its CPUs on the live
         # nodes, until the job ends: later attempts share them (only one attempt runs at a time).
         overlap = ["--overlap"] if self.attempts > 1 else []
@@ -671,7 +679,7 @@ class Launcher:
                 return AttemptResult(outcome=Outcome.SUCCEEDED if code == 0 else Outcome.FAILED,
                                      exit_code=code, time=now)
             now = self.clock()
-            beats = read_heartbeats(cfg.run_dir)
+            beats = self._ours(read_heartbeats(cfg.run_dir))
             watch.update(beats, now)
             if not first_step_logged and beats:
                 first_step_logged = True
@@ -770,6 +778,11 @@ class Launcher:
         """The newest committed checkpoint step (what this attempt resumes from), when the ckpt dir is known."""
         return latest_step(ft_env.job_setting(ft_env.CKPT_DIR, self.environ) or "")
 
+    def _ours(self, records: list[Any]) -> list[Any]:
+        """The records of this attempt's nodes: a rank of an earlier run on a node cut off from the network (its
+        link down, Slurm's kill never reached it) still writes to the shared run dir; its records name its node."""
+        return from_nodes(records, self._attempt_nodes)
+
     def _failure_evidence(self) -> bool | None:
         """None while no rank of this attempt left an error file or a bad end record (earlier attempts' are
         archived); else whether the evidence is complete: every rank with an error file has its end record too
@@ -777,8 +790,8 @@ class Launcher:
         recorded after it, or only a victim's view ("Connection closed by peer"; its time may precede the bad
         end's record by the wrapper's lag). How their processes end changes no verdict, and waiting for it (a torch
         process with its collectives' threads takes a while to exit, seconds with CUDA) only delays the restart."""
-        errors = read_errors(self.config.run_dir)
-        ends = read_ends(self.config.run_dir)
+        errors = self._ours(read_errors(self.config.run_dir))
+        ends = self._ours(read_ends(self.config.run_dir))
         first_bad = min((end.time for end in ends if end.failed), default=None)
         if not errors and first_bad is None:
             return None

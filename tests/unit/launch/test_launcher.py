@@ -1125,3 +1125,28 @@ def test_the_launcher_removes_its_node_s_memory_tier_dir_at_its_end(tmp_path):
     launcher.environ = {**launcher.environ, "SLURM_JOB_ID": "321", "SLURM_FT_MEM_ROOT": str(root)}
     assert launcher.run() == 0
     assert not job_dir.exists() and other.is_dir()
+
+
+class StaleRankElsewhere(Script):
+    """Healthy ranks on n1 and n2, and rank 1 of an earlier run on n9 (its link down: Slurm's kill never reached it)
+    still writing its old heartbeat and, later, its error into the shared run dir."""
+
+    def poll(self):
+        code = super().poll()
+        for rank in range(self.ranks):  # the healthy ranks name their nodes
+            write_heartbeat(self.run_dir, Heartbeat(rank=rank, step=self.polls, time=0.0, host=f"n{rank + 1}"))
+        write_heartbeat(self.run_dir, Heartbeat(rank=1, step=1, time=0.0, host="n9"))
+        if self.polls == 3:
+            write_error(self.run_dir, ErrorRecord(rank=1, time=0.0, exc_type="RuntimeError", host="n9",
+                                                  message="Connection reset by peer"))
+        return code
+
+
+def test_records_from_a_node_outside_the_attempt_are_not_its_ranks(tmp_path):
+    """Issue 30 (link-down on the hosts lab): the stale rank 1 on the cut-off node made the requeued run look hung
+    (its heartbeat, stuck at an old step, overwrote the live rank 1's) and could fail it with its late error."""
+    run = tmp_path / "run"
+    launcher, runner, _ = make(tmp_path, [StaleRankElsewhere(run, steps=15)])
+    assert launcher.run() == 0
+    assert len(runner.calls) == 1
+    assert "fault_detected" not in [e["event"] for e in events(tmp_path)]

@@ -23,7 +23,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from slurm_ft.core import env as ft_env  # noqa: E402
-from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, check_prerequisites  # noqa: E402
+from slurm_ft.lab.cluster import (  # noqa: E402
+    LabCluster, LabConfig, LabError, check_host_tools, check_prerequisites)
 from slurm_ft.lab.interrupt import signals_end_the_run, teardown  # noqa: E402
 
 LAB_NODES = 4
@@ -81,3 +82,13 @@ def _start(cluster: LabCluster) -> None:
 def lab_env(lab: LabCluster) -> dict[str, str]:
     """``os.environ`` plus the lab's SLURM_CONF, for subprocess calls to Slurm tools."""
     return {**os.environ, **lab.env()}
+
+
+@pytest.fixture(scope="session")
+def hosts_possible() -> None:
+    """Whether the lab can make its nodes hosts (Slurm, root, namespaces): a skip where not, a failure under CI."""
+    try:
+        check_prerequisites()
+        check_host_tools()
+    except LabError as exc:
+        _unavailable(str(exc))

@@ -4,25 +4,11 @@ parameters equal the clean run's."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from slurm_ft.bench.demo import DemoConfig, run_demo
-from slurm_ft.lab.cluster import LabError, check_host_tools, check_prerequisites
 
 pytestmark = pytest.mark.lab
-
-
-@pytest.fixture
-def hosts_possible() -> None:
-    try:
-        check_prerequisites()
-        check_host_tools()
-    except LabError as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"lab cluster required in CI but unavailable: {exc}", pytrace=False)
-        pytest.skip(f"lab cluster unavailable: {exc}")
 
 
 def test_demo_link_down_names_the_node_and_goes_on_without_it(hosts_possible, tmp_path):

@@ -135,14 +135,6 @@ def _environ(pid: int) -> dict[str, str]:
     return {key: value for key, _, value in pairs}
 
 
-def _parent(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(text[text.rfind(")") + 2:].split()[1])
-
-
 def _job_processes(lab, **match: str) -> list[tuple[int, dict[str, str]]]:
     """Processes of ``lab``'s jobs whose environment has every ``match`` item (e.g. SLURMD_NODENAME="n2")."""
     spared = procs.ancestors(os.getpid())
@@ -167,7 +159,7 @@ def crash_node(lab, node: str) -> list[int]:
         return lab.kill_host(node)
     lab.stop_node(node)
     tasks = [pid for pid, _ in _job_processes(lab, SLURMD_NODENAME=node)]
-    stepds = {ppid for ppid in map(_parent, tasks) if procs.comm(ppid) == "slurmstepd"}
+    stepds = {ppid for ppid in map(procs.parent, tasks) if procs.comm(ppid) == "slurmstepd"}
     killed = []
     for pid in [*sorted(stepds), *tasks]:  # the stepds first: nothing reports the tasks' deaths
         try:
@@ -230,14 +222,14 @@ def rank_pid(lab, job_id: int, rank: int) -> int | None:
     training process under it when that task is the launcher's per-rank wrapper (``slurm_ft.launch.rank``)."""
     found = _job_processes(lab, SLURM_JOB_ID=str(job_id), SLURM_PROCID=str(rank))
     tasks = [(int(env["SLURM_STEP_ID"]), pid) for pid, env in found
-             if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(_parent(pid)) == "slurmstepd"
+             if env.get("SLURM_STEP_ID", "").isdigit() and procs.comm(procs.parent(pid)) == "slurmstepd"
              and STANDBY_MODULE not in procs.cmdline(pid)]  # the warm standbys' step is no attempt
     if not tasks:
         return None
     task = max(tasks)[1]
     if "slurm_ft.launch.rank" not in procs.cmdline(task):
         return task
-    under = [pid for pid, _ in found if _parent(pid) == task]
+    under = [pid for pid, _ in found if procs.parent(pid) == task]
     return under[0] if under else standby_rank_pid(dict(found)[task], rank)
 
 
@@ -252,7 +244,7 @@ def standby_rank_pid(wrapper_env: dict[str, str], rank: int) -> int | None:
     beat = next((b for b in read_heartbeats(run_dir) if b.rank == rank), None)
     if beat is None or not beat.pid or not alive(beat.pid):
         return None
-    return beat.pid if STANDBY_MODULE in procs.cmdline(_parent(beat.pid)) else None
+    return beat.pid if STANDBY_MODULE in procs.cmdline(procs.parent(beat.pid)) else None
 
 
 def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:

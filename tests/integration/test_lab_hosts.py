@@ -138,7 +138,7 @@ def test_node_death_kills_the_whole_host_which_comes_back_empty(hosts_lab):
     assert len(on_host) >= 2  # the holder and slurmd at least
     killed = faults.crash_node(hosts_lab, "n3")
     assert set(on_host) <= set(killed)
-    assert not [pid for pid in procs.in_pid_namespace(pid_ns) if _alive(pid)]
+    assert not [pid for pid in procs.in_pid_namespace(pid_ns) if faults.alive(pid)]
     assert not ports.can_connect(hosts.SLURMD_PORT, hosts_lab.host_plan.node("n3").addr)  # and its link is down
     hosts_lab.start_node("n3")
     held = "echo $(hostname) $(cat /tmp/sft-held 2>/dev/null || echo gone)"
@@ -170,14 +170,6 @@ def test_down_leaves_no_namespace_interface_or_process(hosts_lab):
     assert not [d.name for d in daemons if procs.is_running(d)]
     lab_dir = str(hosts_lab.dir)
     left = [pid for pid in procs.all_pids()
-            if _alive(pid) and (any(lab_dir in arg for arg in procs.cmdline(pid))
+            if faults.alive(pid) and (any(lab_dir in arg for arg in procs.cmdline(pid))
                                 or procs.environ_value(pid, "SLURM_CLUSTER_NAME") == hosts_lab.cluster_name)]
     assert left == [], [procs.cmdline(pid) for pid in left]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rfind(")") + 2:][:1] != "Z"

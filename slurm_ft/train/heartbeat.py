@@ -7,8 +7,10 @@ loop does: a rank waiting in a collective for a stuck peer keeps beating, the st
 uninterruptible sleep, holding the GIL in native code) does not. The launcher tells them apart that way.
 
 ``stacks`` (default on): the rank's Python stacks, every thread, go to ``stack.rank<R>.txt`` in the run dir on
-``records.STACK_SIGNAL`` (``faulthandler.register``), for the launcher to collect before it kills a hung attempt;
-``faulthandler`` is enabled for fatal signals too (SIGSEGV ...: the stack lands in the rank's stderr tail).
+``records.STACK_SIGNAL`` (``slurm_ft.train.stacks``, answered from a thread under the GIL, ``slurm_ft.train.wakeup``),
+for the launcher to collect before it kills a hung attempt; ``faulthandler`` is enabled for fatal signals (SIGSEGV
+...: the stack lands in the rank's stderr tail), never registered on the stack signal: from a signal handler it
+walks threads that may be running Python, and crashes the rank it should describe.
 
 ``close()`` (also run at interpreter exit) writes a last record with ``done``: the rank has no more steps to make.
 A process's exit can take long after its last step (freeing the interpreter, a communicator's teardown, a loaded
@@ -29,20 +31,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from slurm_ft.core import rundir as records
+from slurm_ft.train import stacks, wakeup
 from slurm_ft.train import traces as fr_traces
 
 DEFAULT_LIVENESS_S = 2.0
 log = logging.getLogger(__name__)
-
-
-def _stacks_off() -> None:
-    """At exit: the stack signal does nothing from now on (a late request of the hang helper must not kill a rank
-    that is only slow to exit)."""
-    faulthandler.unregister(records.STACK_SIGNAL)  # False when it was not registered: nothing to undo
-    fr_traces.ignore_at_exit(records.STACK_SIGNAL)
 
 
 class HeartbeatWriter:
@@ -65,7 +60,6 @@ class HeartbeatWriter:
         self._progress: tuple[int, float] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._stack_file: IO[str] | None = None
         self._stack_signal = self._register_stacks() if stacks else None
         self._done = False
         atexit.register(self.close)
@@ -130,11 +124,12 @@ class HeartbeatWriter:
             if not faulthandler.is_enabled():
                 faulthandler.enable()
             records.make_run_dir(self.run_dir)
-            fd = records.open_private(records.stack_path(self.run_dir, self.rank),
-                                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            self._stack_file = os.fdopen(fd, "w")  # kept open: faulthandler writes to it
-            faulthandler.register(records.STACK_SIGNAL, file=self._stack_file, all_threads=True, chain=False)
         except (OSError, ValueError, RuntimeError, AttributeError):
             return None  # no stacks from this rank; the launcher then tries py-spy
-        atexit.register(_stacks_off)  # exiting: faulthandler's fini would restore the default (the signal kills)
-        return int(records.STACK_SIGNAL)
+        return wakeup.serve(records.STACK_SIGNAL, self._dump_stacks)  # None: the launcher tries py-spy
+
+    def _dump_stacks(self) -> None:
+        try:
+            stacks.dump(self.run_dir, self.rank)
+        except OSError as exc:
+            log.warning("slurm-ft: rank %d cannot write its stacks to %s (%s)", self.rank, self.run_dir, exc)

@@ -6,29 +6,21 @@ Two moments dump it (``torch._C._distributed_c10d._dump_fr_trace_json``), wrappe
 describes (``{"rank", "host", "pid", "time", "reason", "fr"}``):
 
 - ``TRACE_SIGNAL``, sent by the launcher's per-node helper (``slurm_ft.launch.hang``) before it kills a hung or
-  failed attempt. A rank blocked in a collective never runs a Python signal handler (its main thread waits in C++),
-  so the handler is only a stub: Python's C-level handler writes the signal number to a wakeup fd
-  (``signal.set_wakeup_fd``), and a thread of ours reading it dumps at once. A process that already has a wakeup
-  fd (an asyncio loop in its main thread) keeps it: no dumps on signal then, and its heartbeat announces none;
+  failed attempt, answered from the signal server's thread (``slurm_ft.train.wakeup``: a rank blocked in a
+  collective never runs a Python signal handler). A process that already has a wakeup fd (an asyncio loop in its
+  main thread) keeps it: no dumps on signal then, and its heartbeat announces none;
 - ``dump(..., reason="error", keep=True)``, called by ``record_errors`` when the rank dies of an exception (a
   collective that failed: its view of which one), unless a dump the launcher asked for is there already: that one
   shows the moment the launcher judged, before the kill made collectives fail.
-
-Once the interpreter starts to exit, the signal is ignored (``atexit``): finalization resets Python-level handlers
-to the default, and the default of a real-time signal ends the process, so a request reaching a rank that is
-still exiting (a finished run slower to exit than the hang timeout) would kill it.
 
 Nothing here imports torch: a dump happens only in a process that imported it already, with the recorder on.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
-import select
-import signal
 import sys
 import threading
 import time
@@ -37,6 +29,7 @@ from pathlib import Path
 
 from slurm_ft.core import env as ft_env
 from slurm_ft.core import rundir as records
+from slurm_ft.train import wakeup
 
 log = logging.getLogger(__name__)
 
@@ -90,62 +83,7 @@ def dump(run_dir: str | os.PathLike[str], rank: int, *, reason: str, keep: bool 
     return path
 
 
-class TraceDumper:
-    """Dumps the flight recorder from a thread whenever ``TRACE_SIGNAL`` arrives (see the module docstring)."""
-
-    def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
-        self.run_dir, self.rank = Path(run_dir), rank
-        self.signal: int | None = None
-        self._read = self._write = -1
-
-    def install(self) -> int | None:
-        """The signal now handled, or None (not the main thread, or another wakeup fd in place)."""
-        read, write = os.pipe()
-        os.set_blocking(read, False)
-        os.set_blocking(write, False)
-        try:
-            previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-            if previous != -1:
-                signal.set_wakeup_fd(previous)  # someone else's (asyncio): theirs stays
-                raise ValueError("a wakeup fd is in use")
-            signal.signal(records.TRACE_SIGNAL, _stub)
-        except ValueError as exc:
-            os.close(read)
-            os.close(write)
-            log.info("slurm-ft: rank %d dumps no flight recorder on signal (%s)", self.rank, exc)
-            return None
-        self._read, self._write, self.signal = read, write, int(records.TRACE_SIGNAL)
-        threading.Thread(target=self._serve, name=f"slurm-ft-trace-rank{self.rank}", daemon=True).start()
-        atexit.register(ignore_at_exit, records.TRACE_SIGNAL)
-        return self.signal
-
-    def _serve(self) -> None:
-        wanted = int(records.TRACE_SIGNAL) & 0xFF
-        while True:
-            try:
-                select.select([self._read], [], [])
-                got = os.read(self._read, 512)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return  # closed
-            if wanted in got:
-                dump(self.run_dir, self.rank, reason="signal")
-
-
-def ignore_at_exit(signum: int) -> None:
-    """From here to the end of the process ``signum`` does nothing (see the module docstring)."""
-    try:
-        signal.signal(signum, signal.SIG_IGN)
-    except (ValueError, OSError):
-        return
-
-
-def _stub(signum: int, frame: object) -> None:
-    """The Python-level handler: the work happens in the dumper's thread (the wakeup fd woke it)."""
-
-
-_installed: dict[tuple[str, int], TraceDumper] = {}
+_installed: dict[tuple[str, int], int | None] = {}
 
 
 def install(run_dir: str | os.PathLike[str], rank: int) -> int | None:
@@ -154,9 +92,10 @@ def install(run_dir: str | os.PathLike[str], rank: int) -> int | None:
     if not recorder_on():
         return None
     key = (str(Path(run_dir)), rank)
-    if key not in _installed:
-        dumper = TraceDumper(run_dir, rank)
-        if dumper.install() is None:
-            return None
-        _installed[key] = dumper
-    return _installed[key].signal
+    if _installed.get(key) is None:
+        _installed[key] = wakeup.serve(records.TRACE_SIGNAL, lambda: _answer(run_dir, rank))
+    return _installed[key]
+
+
+def _answer(run_dir: str | os.PathLike[str], rank: int) -> None:
+    dump(run_dir, rank, reason="signal")

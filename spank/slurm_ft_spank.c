@@ -9,6 +9,8 @@
  *   --ft-hang-timeout=SECS    seconds without a heartbeat before a rank counts as hung (0: off)
  *   --ft-spare-nodes=N        nodes held back to replace a bad one (non-negative integer)
  *   --ft-no-requeue           never requeue: restart in place or stop
+ *   --ft-mem-every=STEPS      memory-tier snapshots in /dev/shm every N steps (positive integer), "auto" (as often
+ *                             as the measured stall allows) or "off"
  *
  * A bad value makes the command refuse with "slurm-ft: --ft-<name>: '<value>' is not ...".
  * sbatch/salloc also refuse, before anything is queued, what cannot work:
@@ -38,7 +40,7 @@ SPANK_PLUGIN(slurm_ft, 1);
 #define FT_PREFIX "slurm-ft: "
 #define FT_VALUE_MAX 4096
 
-enum ft_kind { FT_FLAG, FT_PATH, FT_POSITIVE, FT_NON_NEGATIVE, FT_POSITIVE_OR_AUTO };
+enum ft_kind { FT_FLAG, FT_PATH, FT_POSITIVE, FT_NON_NEGATIVE, FT_POSITIVE_OR_AUTO, FT_POSITIVE_AUTO_OR_OFF };
 
 struct ft_setting {
 	const char *option;   /* long option name, without "--" */
@@ -61,6 +63,8 @@ static const struct ft_setting ft_settings[] = {
 	 "slurm-ft: seconds without progress before a rank counts as hung (0: off)"},
 	{"ft-spare-nodes", "SPARE_NODES", FT_NON_NEGATIVE, 10000L, "n", "slurm-ft: spare nodes held in the allocation"},
 	{"ft-no-requeue", "NO_REQUEUE", FT_FLAG, 0, NULL, "slurm-ft: never requeue, restart in place or stop"},
+	{"ft-mem-every", "MEM_EVERY", FT_POSITIVE_AUTO_OR_OFF, 1000000000L, "steps|auto|off",
+	 "slurm-ft: memory-tier snapshot every N steps, auto (as often as its stall allows) or off"},
 };
 
 #define FT_COUNT ((int)(sizeof(ft_settings) / sizeof(ft_settings[0])))
@@ -102,6 +106,18 @@ static const char *ft_check_steps_or_auto(const char *text, long max)
 	return ft_check_integer(text, 1, max);
 }
 
+/* A positive integer up to max, "auto" or "off". */
+static const char *ft_check_steps_auto_or_off(const char *text, long max)
+{
+	if (text != NULL && strcmp(text, "off") == 0)
+		return NULL;
+	if (ft_check_steps_or_auto(text, max) == NULL)
+		return NULL;
+	if (ft_check_integer(text, 1, LONG_MAX) == NULL)
+		return "is too large";
+	return "is not a positive integer, 'auto' or 'off'";
+}
+
 static const char *ft_check_path(const char *text)
 {
 	size_t len, i;
@@ -134,6 +150,8 @@ static const char *ft_check(int i, const char *optarg)
 		return ft_check_integer(optarg, 0, s->max);
 	case FT_POSITIVE_OR_AUTO:
 		return ft_check_steps_or_auto(optarg, s->max);
+	case FT_POSITIVE_AUTO_OR_OFF:
+		return ft_check_steps_auto_or_off(optarg, s->max);
 	}
 	return "has an unknown kind";
 }

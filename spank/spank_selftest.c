@@ -164,6 +164,10 @@ int main(void)
 	refused("ft-ckpt-every", "-1", "slurm-ft: --ft-ckpt-every: '-1' is not a positive integer or 'auto'");
 	refused("ft-ckpt-every", "5x", "slurm-ft: --ft-ckpt-every: '5x' is not a positive integer or 'auto'");
 	refused("ft-ckpt-every", "1000000001", "slurm-ft: --ft-ckpt-every: '1000000001' is too large");
+	refused("ft-mem-every", "", "slurm-ft: --ft-mem-every: '' is not a positive integer, 'auto' or 'off'");
+	refused("ft-mem-every", "OFF", "slurm-ft: --ft-mem-every: 'OFF' is not a positive integer, 'auto' or 'off'");
+	refused("ft-mem-every", "0", "slurm-ft: --ft-mem-every: '0' is not a positive integer, 'auto' or 'off'");
+	refused("ft-mem-every", "1000000001", "slurm-ft: --ft-mem-every: '1000000001' is too large");
 	refused("ft-spare-nodes", "+1", "slurm-ft: --ft-spare-nodes: '+1' is not a non-negative integer");
 	refused("ft-ckpt-dir", "relative/dir", "slurm-ft: --ft-ckpt-dir: 'relative/dir' is not an absolute path");
 	refused("ft-ckpt-dir", "/a\nb", "slurm-ft: --ft-ckpt-dir: '/a\nb' contains a control character");
@@ -181,6 +185,9 @@ int main(void)
 	accepted("ft-hang-timeout", "600");
 	accepted("ft-ckpt-every", "1000000000");
 	accepted("ft-ckpt-every", "auto");
+	accepted("ft-mem-every", "off");
+	accepted("ft-mem-every", "auto");
+	accepted("ft-mem-every", "4");
 	accepted("ft-no-requeue", NULL);
 	CHECK(ft_enabled, "--ft-* did not imply --ft");
 
@@ -191,7 +198,8 @@ int main(void)
 	CHECK(value_of("FT_NO_REQUEUE") && strcmp(value_of("FT_NO_REQUEUE"), "1") == 0, "FT_NO_REQUEUE");
 	CHECK(value_of("FT_CKPT_EVERY") && strcmp(value_of("FT_CKPT_EVERY"), "auto") == 0, "FT_CKPT_EVERY");
 	CHECK(value_of("FT_SPARE_NODES") == NULL, "FT_SPARE_NODES exported though not given");
-	CHECK(n_exported == 6, "exported %d names", n_exported);
+	CHECK(value_of("FT_MEM_EVERY") && strcmp(value_of("FT_MEM_EVERY"), "4") == 0, "FT_MEM_EVERY");
+	CHECK(n_exported == 7, "exported %d names", n_exported);
 
 	n_exported = 0;
 	CHECK(slurm_spank_user_init(NULL, 0, NULL) == 0 && n_exported == 0, "user_init exported outside remote");

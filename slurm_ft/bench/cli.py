@@ -141,6 +141,8 @@ def render_sim(payload: dict[str, Any]) -> str:
         "gpus": "gpus", "policy": "policy", Column("ettr", ".4f"): "ettr", Column("±95%", ".4f"): "ettr_ci95",
         Column("fail/day", ".1f"): "failures_per_day", Column("requeue/day", ".2f"): "requeues_per_day",
         Column("interval s", ".0f"): "interval_s",
+        Column("mem every s", ".0f"): lambda r: r.get("mem_every_s", 0.0),
+        Column("lost s/fault", ".1f"): lambda r: r.get("rework_per_failure_s", float("nan")),
         **{Column(k.replace("checkpoint_", "ckpt_"), pct): (lambda r, k=k: r["lost_fraction"][k])
            for k in ("checkpoint_stall", "rework", "detection", "recovery", "queue_wait")},
         Column("spare GPUs", pct): "spare_gpu_share"})]

@@ -34,8 +34,10 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
 ``node-death`` is the death of the whole host (every process on it, its link down), and the jobs' directory lies
 inside the lab dir (the cluster's shared filesystem: every node's ``/tmp`` is its own).
 
-Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's) and
-ETTR (the clean run's wall time over each recovered run's). The verdict is the launcher's ``verdict`` event (the
+Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's, where
+the restart's state came from: ``memory@N``, ``peer@N`` or ``disk@N``, the trainer's own ``resume`` event) and ETTR
+(the clean run's wall time over each recovered run's). kill-rank and hang must resume from the memory tier and lose
+at most one step. The verdict is the launcher's ``verdict`` event (the
 monitor's for a job whose launcher died with its node), in the design's category words only; the culprit is the
 rank and node that failed first. Exit 0 only when every check held.
 """
@@ -83,6 +85,7 @@ RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", "li
 RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
 HANG_TIMEOUT = 10
+MEMORY_RESUMES = ("kill-rank", "hang")  # restarted in place from the memory tier: <= 1 step lost (issue 32)
 FLAP_HANG_TIMEOUT = 5  # link-flap's job: a stall this long is caught while the cable is still out
 SLOW_RATE = "256kbit"  # slow-link: rank 1's node's link, both ways, from the fault step to the job's end
 FLAP_S = 7.0  # link-flap: seconds the cable stays out: past the job's hang timeout, short of SlurmdTimeout (10 s)
@@ -463,15 +466,21 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
     clean_wall = fault_timing(read_events(clean.run_dir), fault_time=0.0, fault_step=0).wall_s or 0.0
     reference = (clean.result or {}).get("param_sha256")
     nodes = {n.name: n for n in lab.client().nodes()}
-    rows = [("fault", "verdict", "culprit", "detection", "recovery", "steps lost", "requeues", "params", "ETTR")]
+    rows = [("fault", "verdict", "culprit", "detection", "recovery", "steps lost", "requeues", "params", "ETTR",
+             "resumed from")]
     failed: list[str] = []
     walls = []
     for run in sorted(runs, key=lambda r: SCENARIOS.index(r.name)):
         events = read_events(run.run_dir) if (run.run_dir / "events.jsonl").exists() else []
         timing = None if run.fault_time is None else fault_timing(
             events, fault_time=run.fault_time, fault_step=run.fault_step or 0, detected_at=run.detected_at)
+        timing, source = resumed_state(run, timing, events)
         verdict = verdict_of(run, events, (monitor_verdicts or {}).get(run.job_id))
         checks = run_checks(cfg, run, timing, events, reference, nodes, quarantine)
+        if run.name in MEMORY_RESUMES:
+            checks += [("resumed from memory", source.startswith("memory")),
+                       ("<= 1 step lost", timing is not None and timing.steps_lost is not None
+                        and timing.steps_lost <= 1)]
         checks += culprit_checks(run, events, verdict)
         failed += [f"{run.name}: {what}" for what, held in checks if not held]
         wall = fault_timing(events, fault_time=0.0, fault_step=0).wall_s if events else None
@@ -485,12 +494,28 @@ def summarize_runs(cfg: DemoConfig, runs: list[Run], lab: Any, quarantine: Any,
                      "-" if timing is None or timing.steps_lost is None else str(timing.steps_lost),
                      str(run.final.restart_count if run.final else "-"),
                      "-" if run.result is None else ("equal" if same else "DIFFERENT"),
-                     "-" if ratio is None else f"{min(ratio, 1.0):.2f}"))
+                     "-" if ratio is None else f"{min(ratio, 1.0):.2f}", source))
     table = _table(rows)
     if walls:
         table += (f"\nETTR over the {len(walls)} recovered runs: {min(1.0, clean_wall * len(walls) / sum(walls)):.2f}"
                   f" (clean run {clean_wall:.1f} s of wall time per job; faults cost the rest)")
     return table, failed
+
+
+def resumed_state(run: Run, timing: Any, events: list[dict]) -> tuple[Any, str]:
+    """The restart's own ``resume`` event (rank 0 of the attempt after the fault; issue 32): where its state came
+    from (``memory@9``, ``disk@8``) and, from memory or a peer, the steps lost counted from that step instead of
+    the launcher's newest disk step (never below 0: the demo's fault step is the progress it saw just before)."""
+    if timing is None or run.fault_time is None:
+        return timing, "-"
+    event = next((e for e in events if e.get("event") == "resume" and e.get("time", 0) >= run.fault_time), None)
+    if event is None or not isinstance(event.get("step"), int):
+        return timing, "-"
+    source = f"{event.get('source')}@{event['step']}"
+    if event.get("source") in ("memory", "peer"):
+        timing = dataclasses.replace(timing, resume_step=event["step"],
+                                     steps_lost=max(0, timing.fault_step - event["step"]))
+    return timing, source
 
 
 def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], reference: str | None,

@@ -19,6 +19,16 @@ restart, a spare swap (while spares last), or a requeue (queue wait + job start;
 come back fresh). Failures during detection or recovery are not modelled. ETTR = productive compute time / wall
 time. Replicas of a (gpus, seed) pair share their random fault streams across policies (common random numbers),
 so policy differences are not sampling noise.
+
+Memory tier (``Policy.memory_tier``, issue 32): besides the disk saves, which keep their own interval, each rank
+copies its shard into host memory every ``auto`` spacing of the trainer (:func:`slurm_ft.train.memtier.auto_spacing`
+with ``step_s``, ``mem_snapshot_stall_s``, ``mem_snapshot_write_s`` and the trainer's 5% stall budget), each
+snapshot stalling training for ``mem_snapshot_stall_s``. A snapshot is usable ``mem_snapshot_write_s`` after its
+stall (its local and peer copies written). A fault restarted inside the allocation (on the same nodes: the node's
+copy; on a spare: the peer copy) loses only the work since the newest usable snapshot, or since the newest durable
+disk save where that is newer; after a requeue the job resumes from disk. Restart times are left as they are (the
+restore from memory is not credited with a faster load), and two faults in one snapshot's peer pair are not
+modelled.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_ft.core.config import require
+from slurm_ft.train import memtier
 from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
 
 LLAMA3_GPUS = 16_384
@@ -123,6 +134,12 @@ class SimCosts:
       (measured on the lab cluster) and 10 min assumes a reservation or top priority (a busy queue: hours).
     - ``job_start_s`` 300: allocating thousands of nodes, prolog health checks, ``srun`` launch, then the same
       start-up as an in-allocation restart with every rank reading from the file system at once.
+    - ``step_s`` 6: one training step (Llama 3 405B: 16M tokens a step, 6 x 405e9 x 16e6 FLOP over 16,384 GPUs at
+      ~400 TFLOP/s); only the memory tier's spacing uses it.
+    - ``mem_snapshot_stall_s`` 0.5: a memory snapshot stalls for the same device-to-host copy as an async save's
+      stall, without its planning; the lab measured 0.5-0.85x a disk save's stall, so half the disk default.
+    - ``mem_snapshot_write_s`` 5: the background part: 16 GB per node into ``/dev/shm`` (~2 s) and the same to the
+      peer node over the network (~3 s at ~50 Gb/s).
     """
 
     checkpoint_stall_s: float = 1.0
@@ -136,6 +153,9 @@ class SimCosts:
     spare_swap_s: float = 130.0
     requeue_wait_s: float = 600.0
     job_start_s: float = 300.0
+    step_s: float = 6.0
+    mem_snapshot_stall_s: float = 0.5
+    mem_snapshot_write_s: float = 5.0
     source: str = "defaults"
 
     def __post_init__(self) -> None:
@@ -144,6 +164,7 @@ class SimCosts:
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                     and value >= 0, name, f"must be a number of seconds >= 0, got {value!r}")
         require(self.checkpoint_stall_s > 0, "checkpoint_stall_s", "must be > 0")
+        require(self.step_s > 0, "step_s", "must be > 0")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, source: str) -> "SimCosts":
@@ -188,6 +209,7 @@ class Policy:
     spare_fraction: float = 0.01  # spare nodes held in the allocation, as a share of the job's nodes (>= 1)
     quarantine: bool = True
     hang_detection: bool = True  # heartbeats with a hang timeout; False: NCCL's timeout, Slurm's node timeout
+    memory_tier: bool = False  # snapshots in host memory with a peer copy (issue 32)
 
     def __post_init__(self) -> None:
         require(self.fixed_interval_s > 0, "fixed_interval_s", f"must be > 0, got {self.fixed_interval_s!r}")
@@ -206,6 +228,7 @@ BASELINE_INTERVAL_S = 1800.0  # what a user picks by hand: a checkpoint every 30
 
 POLICIES = (
     Policy(name="slurm-ft"),
+    Policy(name="slurm-ft memory tier", memory_tier=True),
     Policy(name="slurm-ft fixed 30 min", adaptive_interval=False),
     Policy(name="slurm-ft no quarantine", quarantine=False),
     Policy(name="slurm-ft no spares", spare_fraction=0.0),
@@ -324,21 +347,60 @@ def _poisson(rng: random.Random, mean: float) -> int:
     return k
 
 
-def _account_run(tally: Tally, run: float, interval: float, stall: float, lag: float, *, failed: bool) -> None:
+MEM_STALL_BUDGET = 0.05  # the trainer's auto budget (slurm_ft.train.memory.STALL_BUDGET; a unit test holds them equal)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class MemoryTier:
+    """The memory tier's timeline inside the compute between disk saves: ``every_s`` of training, then a
+    snapshot's ``stall_s``, repeat; a snapshot is usable ``write_s`` after its stall."""
+
+    every_s: float
+    stall_s: float
+    write_s: float
+
+    @classmethod
+    def from_costs(cls, costs: SimCosts) -> "MemoryTier":
+        steps = memtier.auto_spacing(step_s=costs.step_s, stall_s=costs.mem_snapshot_stall_s,
+                                     write_s=costs.mem_snapshot_write_s, budget=MEM_STALL_BUDGET)
+        return cls(every_s=steps * costs.step_s, stall_s=costs.mem_snapshot_stall_s,
+                   write_s=costs.mem_snapshot_write_s)
+
+    @property
+    def period_s(self) -> float:
+        return self.every_s + self.stall_s
+
+    @property
+    def stall_share(self) -> float:
+        return self.stall_s / self.period_s
+
+    def restore_point(self, computed: float) -> float:
+        """Of ``computed`` seconds (snapshot stalls included) since the restart, the point the newest usable
+        snapshot holds (0: the state the run started from)."""
+        return max(0, math.floor((computed - self.write_s) / self.period_s)) * self.period_s
+
+
+def _account_run(tally: Tally, run: float, interval: float, stall: float, lag: float, *, failed: bool,
+                 memory: MemoryTier | None = None, from_memory: bool = False) -> None:
     """``run`` seconds of training from a durable checkpoint: compute ``interval``, stall ``stall``, repeat.
-    A save is durable ``lag`` seconds after its stall; a failure loses the work since the last durable one. At the
-    horizon (not ``failed``) the work done counts: the job would save once more before it ends."""
+    A save is durable ``lag`` seconds after its stall; a failure loses the work since the last durable one, or,
+    ``from_memory``, since the newest usable memory snapshot where that is newer. With a ``memory`` tier its
+    snapshots' stalls take their share of the compute. At the horizon (not ``failed``) the work done counts: the
+    job would save once more before it ends."""
     period = interval + stall
     saves = math.floor(run / period)
     tail = run - saves * period
     computed = saves * interval + min(tail, interval)
-    tally.checkpoint_stall += saves * stall + max(0.0, tail - interval)
+    share = memory.stall_share if memory else 0.0
+    tally.checkpoint_stall += saves * stall + max(0.0, tail - interval) + share * computed
     if not failed:
-        tally.productive += computed
+        tally.productive += (1 - share) * computed
         return
-    durable = max(0, min(saves, math.floor((run - lag) / period)))
-    tally.productive += durable * interval
-    tally.rework += computed - durable * interval
+    restore = max(0, min(saves, math.floor((run - lag) / period))) * interval
+    if memory and from_memory:
+        restore = max(restore, min(computed, memory.restore_point(computed)))
+    tally.productive += (1 - share) * restore
+    tally.rework += (1 - share) * (computed - restore)
 
 
 def _detection_s(symptom: Symptom, policy: Policy, costs: SimCosts) -> float:
@@ -364,6 +426,7 @@ class _Job:
         self.estimator = AdaptiveInterval(AdaptiveIntervalConfig(prior_mtbf_s=config.prior_mtbf_h * 3600.0,
                                                                  initial_cost_s=self.stall))
         self.estimator.observe_checkpoint(self.stall, write_s=self.lag)
+        self.memory = MemoryTier.from_costs(costs) if policy.memory_tier else None
         self.tally = Tally()
         self._allocate()
 
@@ -385,20 +448,24 @@ class _Job:
             run = self.faults.expovariate(1.0) / rate
             interval = self.interval_s()
             if clock + run >= horizon:
-                _account_run(tally, horizon - clock, interval, self.stall, self.lag, failed=False)
+                _account_run(tally, horizon - clock, interval, self.stall, self.lag, failed=False,
+                             memory=self.memory)
                 break
-            _account_run(tally, run, interval, self.stall, self.lag, failed=True)
             clock += run
             self.estimator.observe_running(run)
             self.estimator.observe_failure()
             draw = self.faults.random
             from_lemon = draw() < self.lemons * lemon_rate / rate  # four draws per failure, whatever the policy
-            clock += self._fail(from_lemon, draw(), draw(), draw())
+            took, in_allocation = self._fail(from_lemon, draw(), draw(), draw())
+            _account_run(tally, run, interval, self.stall, self.lag, failed=True, memory=self.memory,
+                         from_memory=in_allocation)
+            clock += took
         tally.interval_s = self.interval_s()
         return tally
 
-    def _fail(self, from_lemon: bool, u_class: float, u_exclude: float, u_symptom: float) -> float:
-        """One failure: detection and recovery; returns the seconds they took."""
+    def _fail(self, from_lemon: bool, u_class: float, u_exclude: float, u_symptom: float) -> tuple[float, bool]:
+        """One failure: detection and recovery; returns the seconds they took and whether the job stayed in its
+        allocation (so a memory tier's node or peer copy can restore it)."""
         tally = self.tally
         tally.failures += 1
         if from_lemon:
@@ -409,11 +476,12 @@ class _Job:
             fault = _pick(self.config.faults, u_class)
             node_fault = u_exclude < fault.exclude_share
         detect = _detection_s(fault.symptom(u_symptom), self.policy, self.costs)
+        requeues = tally.requeues
         restart, wait = self._recover(node_fault)
         tally.detection += detect
         tally.recovery += restart
         tally.queue_wait += wait
-        return detect + restart + wait
+        return detect + restart + wait, tally.requeues == requeues
 
     def _recover(self, node_fault: bool) -> tuple[float, float]:
         """(restart seconds, queue-wait seconds) for one failure, updating spares and lemons."""
@@ -454,6 +522,8 @@ class SimResult:
     spare_swaps_per_day: float
     job_mtbf_h: float  # from first faults alone (lemon repeats come on top)
     interval_s: float  # the checkpoint interval at the end of the run (mean over replicas)
+    mem_every_s: float  # training between memory snapshots (0: no memory tier)
+    rework_per_failure_s: float  # work lost per fault (mean over replicas)
     spare_nodes: int
     spare_gpu_share: float  # GPUs held idle as spares, of all the job's GPUs (not counted in ETTR)
     lost_fraction: dict[str, float]  # of wall time, per Tally.LOST
@@ -479,6 +549,8 @@ def simulate(config: SimConfig, policy: Policy, costs: SimCosts | None = None) -
         failures_per_day=per_day("failures"), lemon_failures_per_day=per_day("lemon_failures"),
         requeues_per_day=per_day("requeues"), spare_swaps_per_day=per_day("spare_swaps"),
         job_mtbf_h=config.mtbf_s / 3600.0, interval_s=statistics.fmean(t.interval_s for t in tallies),
+        mem_every_s=MemoryTier.from_costs(costs).every_s if policy.memory_tier else 0.0,
+        rework_per_failure_s=statistics.fmean(t.rework / max(1, t.failures) for t in tallies),
         spare_nodes=spares, spare_gpu_share=spares / (config.nodes + spares),
         lost_fraction={k: statistics.fmean(getattr(t, k) / t.wall for t in tallies) for k in Tally.LOST},
     )
@@ -523,6 +595,8 @@ def _costs_used(policy: Policy) -> list[str]:
             names.append("spare_swap_s")
     if not policy.async_checkpoint:
         names.remove("checkpoint_stall_s")
+    if policy.memory_tier:
+        names += ["step_s", "mem_snapshot_stall_s", "mem_snapshot_write_s"]
     return names + ["requeue_wait_s", "job_start_s"]
 
 

@@ -11,8 +11,10 @@ without a job (as Slurm's ``HealthCheckProgram``): a pass moves a quarantined no
 
 ``slurm-ft epilog``: gather NVML, kernel-log Xids since the prolog ran, the ranks' error files and the job's
 exit status into ``<state_dir>/reports/<job_id>/<node>.json`` for the monitor; hardware evidence quarantines
-the node at once, so the next job does not land on it. The epilog always exits 0: a bug here must not drain
-a healthy cluster.
+the node at once, so the next job does not land on it. It also removes the job's memory-tier directory
+(``/dev/shm/slurm-ft-<job_id>``, :mod:`slurm_ft.core.shmdir`) when it is a directory of the job's uid, never
+through a symlink: the backstop for ranks and a launcher that did not end cleanly. The epilog always exits 0: a bug
+here must not drain a healthy cluster.
 
 Both: no shell, no user-controlled symlinks followed, job files read only when owned by the job's uid, every
 step bounded in time. The prolog also leaves ``<state_dir>/prolog/<job_id>/<node>.json`` (when it ran, what it
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from slurm_ft.core import comment as job_comment
-from slurm_ft.core import env, registry
+from slurm_ft.core import env, registry, shmdir
 from slurm_ft.core.config import SiteConfig, load_site_config, require, state_dir
 from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.core.taxonomy import Category
@@ -189,6 +191,7 @@ class Deps:
     statvfs: Callable[[str], os.statvfs_result] = os.statvfs
     kmsg_sources: Iterable[Any] | None = None  # None: /dev/kmsg, then dmesg
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
+    shm_root: str = shmdir.SHM_ROOT  # where the jobs' memory-tier dirs are
 
     @classmethod
     def real(cls, settings: Settings) -> "Deps":
@@ -495,6 +498,7 @@ def run_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
     if ctx.job_id is None:
         deps.log(f"{label}: SLURM_JOB_ID not set, nothing to report")
         return 0
+    _remove_memory_tier(ctx, deps, label)
     report = gather_epilog(ctx, settings, deps)
     findings = judge_epilog(report, settings)
     report = dataclasses.replace(report, health=tuple(f.to_dict() for f in findings))
@@ -510,6 +514,18 @@ def run_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
             _quarantine_node(ctx, findings, settings, deps, source="epilog")
     deps.log(f"{label}: report written ({len(report.error_files)} error files, {len(report.kmsg_xids)} Xids)")
     return 0
+
+
+def _remove_memory_tier(ctx: JobContext, deps: Deps, label: str) -> None:
+    """The job's memory-tier dir on this node, if the job's uid owns it (a job that ended resumes from disk)."""
+    if ctx.uid is None:
+        return
+    try:
+        done = shmdir.remove_job_dir(deps.shm_root, str(ctx.job_id), ctx.uid)
+    except (OSError, ValueError) as exc:  # never let cleanup fail the epilog
+        done = f"left: {exc}"
+    if not done.startswith("absent"):
+        deps.log(f"{label}: memory tier: {done}")
 
 
 # --- acting ----------------------------------------------------------------------------------------------

@@ -33,9 +33,10 @@ RESTART_CAUSE = "RESTART_CAUSE"  # why this run is a restart: the failure catego
 RUN_ID = "RUN_ID"              # run identity that owns the checkpoint dir (default: the Slurm job id)
 CKPT_ADOPT = "CKPT_ADOPT"      # "1": take over a checkpoint dir another run owns
 GPU_RECLAIM_TIMEOUT = "GPU_RECLAIM_TIMEOUT"  # seconds the launcher waits for a failed attempt's GPUs to be free
+MEM_EVERY = "MEM_EVERY"        # memory-tier snapshots: steps, "auto" or "off" (slurm_ft.train.memory)
 
 JOB_SETTINGS = (ENABLED, CKPT_DIR, CKPT_EVERY, MAX_RESTARTS, HANG_TIMEOUT, SPARE_NODES, RESUME_STEP, RUN_DIR,
-                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE, RUN_ID, CKPT_ADOPT, GPU_RECLAIM_TIMEOUT)
+                EXCLUDED_NODES, NO_REQUEUE, RESTART_CAUSE, RUN_ID, CKPT_ADOPT, GPU_RECLAIM_TIMEOUT, MEM_EVERY)
 
 # torch's flight recorder (the ranks' collectives, slurm_ft.train.traces): ``slurm-ft launch`` sets each one the job's
 # environment does not already set (the user's value wins).
@@ -50,6 +51,8 @@ DEFAULT_SITE_CONFIG = "/etc/slurm-ft/config.toml"
 STATE_DIR = "SLURM_FT_STATE_DIR"           # where the monitor/quarantine keep SQLite state
 DEFAULT_STATE_DIR = "/var/lib/slurm-ft"
 SLURM_BACKEND = "SLURM_FT_SLURM_BACKEND"   # SlurmClient backend: auto (default), cli or pyslurm
+MEM_ROOT = "SLURM_FT_MEM_ROOT"             # the memory tier's root (default /dev/shm; tests point it elsewhere)
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"  # Slurm's requeue count: with the job id, names the allocation
 LAB_DIR = "SLURM_FT_LAB_DIR"               # the lab cluster directory (`slurm-ft lab`, integration tests)
 TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML records from this JSON file
 SLURM_JOB_ID = "SLURM_JOB_ID"              # Slurm's job id: a requeued job keeps it (the default run identity)

@@ -76,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction, name: str = "launch") -> No
                         help="entries of torch's flight recorder per rank (TORCH_FR_BUFFER_SIZE, unless the job sets "
                              f"it); the ranks dump it before a hung or failed attempt is killed (0 off; default "
                              f"{DEFAULT_ENTRIES})")
+    parser.add_argument("--mem-every", metavar="N|auto|off",
+                        help="the checkpoint manager's memory tier: a snapshot in the job's /dev/shm dir every N steps, "
+                             "auto (as often as its stall allows) or off; the ranks get it as SLURM_FT_MEM_EVERY "
+                             "(default: the job's --ft-mem-every, else auto)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ...")
     parser.set_defaults(func=_main)
 
@@ -130,7 +134,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> La
                             standby=not getattr(args, "no_standby", False),
                             launcher_store=not getattr(args, "no_launcher_store", False),
                             gpu_bind=not getattr(args, "no_gpu_bind", False), gpu_reclaim_timeout_s=reclaim,
-                            flight_recorder=getattr(args, "flight_recorder", DEFAULT_ENTRIES))
+                            flight_recorder=getattr(args, "flight_recorder", DEFAULT_ENTRIES),
+                            mem_every=getattr(args, "mem_every", None))
     except ValueError as exc:
         raise SlurmFtError(f"launch: {exc}") from exc
 

@@ -57,9 +57,10 @@ from slurm_ft.classify import collectives
 from slurm_ft.classify.engine import victims_view
 from slurm_ft.core import comment as job_comment
 from slurm_ft.core import env as ft_env
+from slurm_ft.core import shmdir
 from slurm_ft.core.budget import Budget
 from slurm_ft.core.config import require
-from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.core.errors import ConfigError, SlurmFtError
 from slurm_ft.core.rundir import (
     END_GLOB,
     ERROR_GLOB,
@@ -169,6 +170,10 @@ class LaunchConfig:
     trace_wait_s: float = 3.0
     """After a rank of an attempt failed: the most the launcher waits for the other ranks' flight-recorder dumps
     before it kills the step (0: it does not ask for them)."""
+    mem_every: str | None = None
+    """The checkpoint manager's memory tier (``--mem-every``, ``--ft-mem-every``): snapshots in the job's ``/dev/shm``
+    dir every N steps, ``auto`` or ``off``, given to the ranks as ``SLURM_FT_MEM_EVERY``; None: the job's setting, else
+    the manager's default (``auto``). The launcher removes its node's dir when it ends."""
 
     def __post_init__(self) -> None:
         require(len(self.command) > 0, "command", "missing: give the training command after `--`")
@@ -200,6 +205,11 @@ class LaunchConfig:
                 f"must be an integer >= 0 (--flight-recorder), got {self.flight_recorder!r}")
         require(0 <= self.trace_wait_s <= 60, "trace_wait_s",
                 f"must be within [0, 60] seconds, got {self.trace_wait_s!r}")
+        if self.mem_every is not None:
+            try:
+                object.__setattr__(self, "mem_every", str(shmdir.parse_mem_every(str(self.mem_every))))
+            except ValueError as exc:
+                raise ConfigError(f"mem_every: {exc}") from None
         object.__setattr__(self, "run_dir", Path(self.run_dir))
 
 
@@ -465,11 +475,22 @@ class Launcher:
             return self._run()
         finally:
             self._stop_standby()
+            self._remove_memory_tier()
             if self.store is not None:
                 self.store.close()
             if self.bell is not None:
                 self.bell.close()
             self._flush_comment()
+
+    def _remove_memory_tier(self) -> None:
+        """The job's memory-tier dir on this node (``slurm_ft.core.shmdir``): a job that ends resumes from disk. The
+        ranks remove their own files when they finish; the epilog removes what is left on every node."""
+        key = shmdir.job_key(self.environ.get(ft_env.SLURM_JOB_ID), ft_env.run_identity(self.environ))
+        if key is None:
+            return
+        done = shmdir.remove_job_dir(self.environ.get(ft_env.MEM_ROOT) or shmdir.SHM_ROOT, key, os.getuid())
+        if not done.startswith("absent"):
+            log.info("memory tier: %s", done)
 
     def _run(self) -> int:
         if self.budget.used > self.budget.limit:  # Slurm requeues NODE_FAIL jobs by itself: the budget holds here
@@ -857,6 +878,8 @@ class Launcher:
             env.pop(RESTART_COUNT_ENV, None)
         env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
         env["SLURM_FT_ATTEMPT"] = str(self.attempts)
+        if self.config.mem_every is not None:
+            env[ft_env.PREFIX + ft_env.MEM_EVERY] = self.config.mem_every
         if self.bell is not None and self.config.rank_records:  # the wrappers ring it
             env[fault_bell.ENV] = self.bell.arm()  # a token per attempt
         else:

@@ -5,7 +5,9 @@ file: its launcher starts again at attempt 1, which the report counts as the nex
 attempt shows its cause (the launcher's verdict, in the design's category words) and its culprit: the rank and
 node that failed first, the first line of its error below the row. For an attempt whose ranks' flight-recorder
 dumps show a stalled collective (a hang, a desync), the collective each rank was in follows, one line per group of
-ranks in the same place (the verdict event's ``collectives``): who waited for whom.
+ranks in the same place (the verdict event's ``collectives``): who waited for whom. RESUME is the step the
+attempt's ranks resumed from and where it came from, from rank 0's own ``resume`` event (``9 mem``: the memory
+tier, ``9 peer``, ``8 disk``); without one, the newest disk checkpoint the launcher saw at the attempt's start.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class AttemptRow:
     culprit: str = "-"  # "rank 1 on n2", "n3", "-"
     error: str = ""  # the first line of the culprit's real error
     collectives: tuple[str, ...] = ()  # where each group of ranks was, from their flight-recorder dumps
+    resume_source: str = ""  # memory, peer or disk: the ranks' own resume event ("": none recorded)
+
+
+SOURCE_WORDS = {"memory": "mem"}  # the RESUME column's short words for a resume event's source
 
 
 def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
@@ -54,6 +60,8 @@ def attempts(events: list[dict[str, Any]]) -> list[AttemptRow]:
                          "startup_s": None, "ended": LOST, "end": None})
         elif not rows:
             continue
+        elif kind == "resume" and isinstance(event.get("step"), int) and "resume_source" not in rows[-1]:
+            rows[-1].update(resume_step=event["step"], resume_source=str(event.get("source", "")))
         elif kind == "first_step" and rows[-1]["startup_s"] is None:
             rows[-1]["startup_s"] = event["time"] - rows[-1]["start"]
         elif kind == "fault_detected" and rows[-1]["end"] is None:
@@ -94,12 +102,12 @@ def format_report(rows: list[AttemptRow]) -> str:
     if not rows:
         return "no attempts recorded"
     t0 = rows[0].start
-    lines = [f"{'RUN':>3} {'ATT':>3} {'START':>8} {'RESUME':>6} {'STARTUP':>8}  {'NODES':<16} {'CAUSE':<13} "
+    lines = [f"{'RUN':>3} {'ATT':>3} {'START':>8} {'RESUME':>10} {'STARTUP':>8}  {'NODES':<16} {'CAUSE':<13} "
              f"{'CULPRIT':<16} ENDED"]
     for r in rows:
-        resume = "-" if r.resume_step is None else str(r.resume_step)
+        resume = "-" if r.resume_step is None else f"{r.resume_step} {SOURCE_WORDS.get(r.resume_source, r.resume_source)}".strip()
         startup = "-" if r.startup_s is None else f"{r.startup_s:.1f}s"
-        lines.append(f"{r.run:>3} {r.attempt:>3} {r.start - t0:>7.1f}s {resume:>6} {startup:>8}  "
+        lines.append(f"{r.run:>3} {r.attempt:>3} {r.start - t0:>7.1f}s {resume:>10} {startup:>8}  "
                      f"{','.join(r.nodes):<16} {r.cause:<13} {r.culprit:<16} {r.ended}")
         if r.error:
             lines.append(f"{'':>8}root cause: {r.error}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import io
+import json
 import logging
 import os
 import random
@@ -49,16 +50,18 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
-from slurm_ft.core import env, layout
+from slurm_ft.core import env, layout, shmdir
 from slurm_ft.core import rundir as records
 from slurm_ft.core.budget import NOT_FAULTS
 from slurm_ft.core.config import require
 from slurm_ft.core.errors import ConfigError, SlurmFtError
 from slurm_ft.slurm.types import JobState
-from slurm_ft.train import gloo_exit
+from slurm_ft.train import gloo_exit, memtier
 from slurm_ft.train.console import show_progress
 from slurm_ft.train.interval import AdaptiveInterval, AdaptiveIntervalConfig
+from slurm_ft.train.memory import OFF, MemoryTier
 from slurm_ft.train.staging import Stager
 from slurm_ft.train.storage import CRASH_POINTS, TEST_CRASH_AT, FileStorage, Storage, crash_point, first_few
 
@@ -78,6 +81,7 @@ EMERGENCY_DEADLINE_S = 20.0  # default: fits Slurm's default KillWait (30 s) wit
 AUTO = "auto"  # CheckpointConfig.every: Young/Daly interval from measured cost and failure rate
 AUTO_MIN_INTERVAL_S = 10.0  # default shortest auto interval, and the training time before a run's first save
 AGREE_EVERY_S = 2.0  # default training time between two agreements on signals and saves (a signal waits this long)
+MEM_EVERY_DEFAULT = AUTO  # the memory tier: as often as the measured stall allows (slurm_ft.train.memory)
 
 
 class CheckpointError(SlurmFtError):
@@ -128,6 +132,12 @@ class CheckpointConfig:
     adopt: bool = False
     """Take over a dir another run owns, e.g. to fine-tune from its checkpoint (``SLURM_FT_CKPT_ADOPT=1``); without it
     such a dir is refused."""
+    mem_every: int | str = MEM_EVERY_DEFAULT
+    """The memory tier (``--ft-mem-every`` / ``SLURM_FT_MEM_EVERY``): a snapshot in the job's ``/dev/shm`` dir every N
+    steps, ``"auto"`` (every step while its stall stays within 5% of the training time, else spaced) or ``"off"``.
+    A restart in the same allocation resumes from it when every rank's part is there and verifies; disk otherwise."""
+    mem_root: str = shmdir.SHM_ROOT
+    """Where the tier's per-job dir goes (``SLURM_FT_MEM_ROOT``; default ``/dev/shm``): a memory filesystem."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.dir, (str, os.PathLike)) and str(self.dir) != "", "dir",
@@ -154,6 +164,13 @@ class CheckpointConfig:
             value = getattr(self, name)
             require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, name,
                     f"must be > 0 seconds, got {value!r}")
+        steps = isinstance(self.mem_every, int) and not isinstance(self.mem_every, bool) and self.mem_every >= 1
+        require(self.mem_every in (AUTO, OFF) or steps, "mem_every",
+                f"must be an integer >= 1, {AUTO!r} or {OFF!r} (--ft-mem-every / SLURM_FT_MEM_EVERY), "
+                f"got {self.mem_every!r}")
+        require(isinstance(self.mem_root, (str, os.PathLike)) and os.path.isabs(str(self.mem_root)), "mem_root",
+                f"must be an absolute path (SLURM_FT_MEM_ROOT), got {self.mem_root!r}")
+        self.mem_root = str(self.mem_root)
         value = self.agree_every_s
         require(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0, "agree_every_s",
                 f"must be >= 0 seconds (0: every step), got {value!r}")
@@ -184,11 +201,25 @@ class CheckpointConfig:
             if adopt not in ("0", "1"):
                 raise ConfigError(f"adopt: CKPT_ADOPT must be 1 or 0, got {adopt!r}")
             values["adopt"] = adopt == "1"
+        mem_every = env.job_setting(env.MEM_EVERY, environ)
+        if mem_every is not None:
+            values["mem_every"] = parse_mem_every(mem_every)
+        mem_root = (os.environ if environ is None else environ).get(env.MEM_ROOT)
+        if mem_root:
+            values["mem_root"] = mem_root
         values["run_id"] = env.run_identity(environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "dir" not in values:
             raise ConfigError("dir: no checkpoint directory (set --ft-ckpt-dir or SLURM_FT_CKPT_DIR)")
         return cls(**values)
+
+
+def parse_mem_every(text: str) -> int | str:
+    """``--ft-mem-every``'s value: ``auto``, ``off`` or a number of steps >= 1 (ConfigError naming it otherwise)."""
+    try:
+        return shmdir.parse_mem_every(text)
+    except ValueError as exc:
+        raise ConfigError(f"mem_every: {exc}") from None
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -338,6 +369,53 @@ class CheckpointManager:
         self._calls = 0  # maybe_save calls so far; agreements start at call numbers every rank knows
         self._agree_at = 0  # the call that starts the next agreement
         self._last_agreement: tuple[int, float] | None = None  # rank 0: (call, clock) of the last one it started
+        self.last_mem_stall_s = 0.0
+        self.resume_source = ""  # memory, peer or disk (the resume event's "source")
+        self._mem_group = self._new_group(process_group) if config.mem_every != OFF else None
+        self.memory: MemoryTier | None = self._open_memory(process_group)
+
+    # ---- memory tier ----
+    def _open_memory(self, process_group: dist.ProcessGroup | None) -> MemoryTier | None:
+        """The memory tier, when configured and every rank could open its node's job dir (agreed: all or none)."""
+        if self.config.mem_every == OFF:
+            return None
+        key = shmdir.job_key(os.environ.get(env.SLURM_JOB_ID), self.run_id)
+        directory, why = None, "no job id or run identity to name its dir" if key is None else ""
+        if key is not None:
+            try:
+                directory = shmdir.open_job_dir(self.config.mem_root, key)
+            except OSError as exc:
+                why = str(exc)
+        whys = [w for w in self._all_gather(why) if w]
+        if whys:
+            log.log(logging.WARNING if key is not None else logging.INFO, "memory tier off: %s", whys[0])
+            if key is not None:  # a refused dir is news; a run outside Slurm without an identity is not
+                self._event("mem_step_back", why=whys[0], now="memory tier off")
+            return None
+        alloc = f"{os.environ.get(env.SLURM_JOB_ID, '')}.{os.environ.get(env.SLURM_RESTART_COUNT, '0') or '0'}"
+        epoch = self._broadcast(uuid.uuid4().hex[:16] if self.rank == 0 else None)  # this attempt's snapshots
+        return MemoryTier(epoch=epoch, directory=directory, rank=self.rank, world_size=self.world_size,
+                          rank_hosts=list(self.rank_hosts), alloc=alloc, group=self._mem_group,
+                          every=self.config.mem_every, events=self._event, distributed=self._distributed)
+
+    def _event(self, name: str, **fields: Any) -> None:
+        """Rank 0: one event in the run's ``events.jsonl`` (beside the launcher's; ``slurm-ft report`` reads it)."""
+        if self.rank != 0:
+            return
+        run_dir = env.job_setting(env.RUN_DIR) or str(records.run_dir_for(self.dir))
+        record = {"event": name, "time": round(time.time(), 3), **fields}
+        try:
+            records.append_line(records.make_run_dir(run_dir) / records.EVENTS_FILE, json.dumps(record, default=str))
+        except OSError as exc:
+            log.warning("cannot write event %s to %s: %s", name, run_dir, exc)
+
+    def _maybe_snapshot(self, step: int) -> None:
+        if self.memory is None:
+            return
+        self.memory.note_step(step)
+        if self.memory.due(step):
+            self.last_mem_stall_s = self.memory.snapshot(step, self._state_dict,
+                                                         lambda: self._local_state(step, emergency=False))
 
     # ---- ownership (run identity) ----
     def _claim(self) -> None:
@@ -428,15 +506,19 @@ class CheckpointManager:
     # ---- public API ----
     @property
     def stats(self) -> dict[str, Any]:
-        """Save counts and the last error; in auto mode also the estimator's figures (rank 0's; None on the
-        other ranks): ``interval_s`` (the Young/Daly interval now chosen: training seconds between saves, once
-        the run's first save is done), ``mtbf_s``, ``cost_s``, ``write_s``, ``failures``, ``exposure_s``."""
+        """Save counts, the last error and the committed saves' mean stall (``stall_s_mean``); in auto mode also the
+        estimator's figures (rank 0's; None on the other ranks): ``interval_s`` (the Young/Daly interval now chosen:
+        training seconds between saves, once the run's first save is done), ``mtbf_s``, ``cost_s``, ``write_s``,
+        ``failures``, ``exposure_s``; ``memory``: the memory tier's (:attr:`MemoryTier.stats`; None when off)."""
         done = [r for r in self.results if r is not self._inflight]
         stats = {"saves": len(done), "failed": sum(not r.ok for r in done), "last_stall_s": self.last_stall_s,
                  "last_error": next((r.error for r in reversed(done) if r.error), ""),
                  "last_saved_step": self._last_saved_step}
         if self.config.auto:
             stats.update(self._interval_stats())
+        done_ok = [r for r in done if r.ok]
+        stats["stall_s_mean"] = sum(r.stall_s for r in done_ok) / len(done_ok) if done_ok else None
+        stats["memory"] = self.memory.stats if self.memory is not None else None
         return stats
 
     def maybe_save(self, step: int) -> bool:
@@ -450,10 +532,11 @@ class CheckpointManager:
             return True
         if not self.config.auto:
             due = step > 0 and step % self.config.every == 0
-        if due and step > 0 and step != self._last_saved_step:
+        saved = bool(due and step > 0 and step != self._last_saved_step)
+        if saved:
             self.save(step)
-            return True
-        return False
+        self._maybe_snapshot(step)  # after the disk save: the memory tier never delays it
+        return saved
 
     def save(self, step: int, *, blocking: bool | None = None) -> SaveResult:
         """Save ``step``; async per config unless ``blocking``. Failures are logged and recorded, not raised
@@ -501,15 +584,18 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Wait for the in-flight save, restore signal handlers, release the manager's groups. Then raise
-        CheckpointError when the run's last save failed: a run must not end as if its final state were saved."""
+        CheckpointError when the run's last save failed: a run must not end as if its final state were saved.
+        The memory tier's files of this rank go: a run that ends resumes from disk."""
         self.wait()
+        if self.memory is not None:
+            self.memory.close(finished=True)
         if self._ctl_group is not None:
             self._finish_agreement()  # every rank started it; its flags no longer matter
         self._disarm_watchdog()
         for sig, old in self._signals.items():
             signal.signal(sig, old)
         self._signals = {}
-        for name in ("_ctl_group", "_ckpt_group"):
+        for name in ("_ctl_group", "_ckpt_group", "_mem_group"):
             group = getattr(self, name)
             if group is not None:
                 dist.destroy_process_group(group)
@@ -772,8 +858,10 @@ class CheckpointManager:
 
     # ---- resume ----
     def resume(self, hint_step: int | None = None) -> int:
-        """Load the hinted step (arg, else SLURM_FT_RESUME_STEP) if committed, else the newest committed one
-        whose files verify; fall back to older ones on corruption. Returns the step loaded (0: none)."""
+        """Resume from the memory tier when every rank's part of its newest committed snapshot is there, verifies
+        and is not older than disk's newest checkpoint (no hint given); else load the hinted step (arg, else
+        SLURM_FT_RESUME_STEP) if committed, else the newest committed one whose files verify; fall back to older
+        ones on corruption. Writes a ``resume`` event (source, step, why not memory). Returns the step (0: none)."""
         self.wait()
         if hint_step is None and env.job_setting(env.RESUME_STEP) is not None:
             raw = env.job_setting(env.RESUME_STEP)
@@ -782,6 +870,59 @@ class CheckpointManager:
             except ValueError:
                 raise SlurmFtError(f"RESUME_STEP must be an integer, got {raw!r}") from None
         candidates = self._broadcast(self._candidates(hint_step) if self.rank == 0 else None)
+        why = self._resume_from_memory(candidates[0] if candidates else None) if hint_step is None else \
+            f"resume step {hint_step} given"
+        if self.resume_source:
+            return self.resumed_from
+        step = self._resume_from_disk(candidates)
+        self.resume_source = memtier.DISK
+        if step > 0 or (self.memory is not None and why != memtier.NOTHING):
+            self._event("resume", source=memtier.DISK, step=step, why=why)
+        return step
+
+    def _resume_from_memory(self, disk_step: int | None) -> str:
+        """Load the memory tier's choice (every rank the same); returns why not (it then loaded nothing)."""
+        if self.memory is None:
+            return "memory tier off"
+        started = time.monotonic()
+        choice, payload = self.memory.restore(disk_step)
+        if choice.source == memtier.DISK:
+            if choice.why != memtier.NOTHING:
+                log.warning("memory tier not used, resuming from disk: %s", choice.why)
+            return choice.why
+        problem = self._load_snapshot(choice.step, payload)
+        if problem:
+            log.error("memory tier snapshot of step %d not loaded, resuming from disk: %s", choice.step, problem)
+            return problem
+        self.resumed_from, self.resume_source = choice.step, choice.source
+        self._train_since = self._running_since = self._clock()
+        took = time.monotonic() - started
+        log.info("resumed from step %d in %s (%.3fs)", choice.step, choice.source, took)
+        self._event("resume", source=choice.source, step=choice.step, took_s=round(took, 4),
+                    disk_step=disk_step)
+        return ""
+
+    def _load_snapshot(self, step: int, payload: bytes) -> str:
+        """Check this rank's snapshot against the live state on every rank first, then load it; returns the
+        problems (all ranks alike: nothing was changed then)."""
+        live, snap, problem = None, None, ""
+        try:
+            with torch.serialization.safe_globals(_numpy_rng_globals()):
+                snap = torch.load(io.BytesIO(payload), weights_only=True)
+                local = torch.load(io.BytesIO(snap["local"]), weights_only=True)
+            live = self._state_dict()
+            problem = _mismatch(live, snap["state"]) or ("" if local.get("step") == step else
+                                                         f"local state holds step {local.get('step')}")
+        except Exception as exc:  # a snapshot of another code version or a torn payload: disk decides
+            problem = f"{type(exc).__name__}: {exc}"
+        problems = sorted({f"rank {r}: {p}" for r, p in enumerate(self._all_gather(problem)) if p})
+        if problems:
+            return "; ".join(problems[:3])
+        self._apply_state(_fill(live, snap["state"]))
+        self._apply_local(local, same_world=True, saved_world=self.world_size)
+        return ""
+
+    def _resume_from_disk(self, candidates: list[int]) -> int:
         problems_seen = []
         for step in candidates:
             problems = self._verify(step)
@@ -828,11 +969,7 @@ class CheckpointManager:
         state = self._state_dict()
         dcp.load(state, storage_reader=self.storage.reader(path), process_group=self._ckpt_group,
                  no_dist=not self._distributed)
-        if self.optimizer is not None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optim"])
-        else:
-            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+        self._apply_state(state)
         same_world = manifest.world_size == self.world_size
         local_file = path / LOCAL_STATE.format(rank=self.rank if same_world else 0)
         try:
@@ -841,6 +978,17 @@ class CheckpointManager:
             raise CheckpointError(f"{local_file}: unreadable local state ({type(exc).__name__}: {exc})") from exc
         if local["step"] != step:
             raise CheckpointError(f"{local_file}: holds step {local['step']}, expected {step}")
+        self._apply_local(local, same_world=same_world, saved_world=manifest.world_size)
+        return manifest
+
+    def _apply_state(self, state: dict[str, Any]) -> None:
+        if self.optimizer is not None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            set_state_dict(self.model, [], model_state_dict=state["model"], optim_state_dict={})
+
+    def _apply_local(self, local: Mapping[str, Any], *, same_world: bool, saved_world: int) -> None:
         if self.lr_scheduler is not None and local["lr_scheduler"] is not None:
             self.lr_scheduler.load_state_dict(local["lr_scheduler"])
         for name, obj in self.extra_state.items():
@@ -851,8 +999,41 @@ class CheckpointManager:
             _set_rng_state(local["rng"])
         else:
             log.warning("world size changed %d -> %d: resharded; local state from rank 0, RNG states not restored",
-                        manifest.world_size, self.world_size)
-        return manifest
+                        saved_world, self.world_size)
+
+
+def _mismatch(live: Any, saved: Any, path: str = "") -> str:
+    """Why ``saved`` (a snapshot's plain state) cannot be copied into ``live`` (this rank's state dict), or ""."""
+    if isinstance(live, torch.Tensor):
+        local = live.to_local() if isinstance(live, DTensor) else live
+        if not isinstance(saved, torch.Tensor):
+            return f"{path}: a tensor in the model, {type(saved).__name__} in the snapshot"
+        if local.shape != saved.shape or local.dtype != saved.dtype:
+            return (f"{path}: {tuple(local.shape)} {local.dtype} here, {tuple(saved.shape)} {saved.dtype} "
+                    "in the snapshot")
+        return ""
+    if isinstance(live, dict):
+        if not isinstance(saved, dict) or set(live) != set(saved):
+            return f"{path or 'state'}: keys differ"
+        return next((p for k in live if (p := _mismatch(live[k], saved[k], f"{path}.{k}" if path else str(k)))), "")
+    if isinstance(live, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(live) != len(saved):
+            return f"{path}: lengths differ"
+        return next((p for i, (a, b) in enumerate(zip(live, saved)) if (p := _mismatch(a, b, f"{path}[{i}]"))), "")
+    return ""
+
+
+def _fill(live: Any, saved: Any) -> Any:
+    """``live`` with every tensor overwritten in place from ``saved`` and every other value taken from ``saved``
+    (what DCP's load does to a state dict); checked by :func:`_mismatch` first."""
+    if isinstance(live, torch.Tensor):
+        (live.to_local() if isinstance(live, DTensor) else live).copy_(saved)
+        return live
+    if isinstance(live, dict):
+        return {k: _fill(v, saved[k]) for k, v in live.items()}
+    if isinstance(live, (list, tuple)) and not hasattr(live, "_fields"):
+        return type(live)(_fill(a, b) for a, b in zip(live, saved))
+    return saved
 
 
 def _counts_as_failure(cause: str | None, *, emergency: bool) -> bool:

@@ -50,7 +50,9 @@ from slurm_ft.train.checkpoint import (
     EMERGENCY_DEADLINE_S,
     CheckpointConfig,
     CheckpointManager,
+    parse_mem_every,
 )
+from slurm_ft.core.errors import ConfigError
 from slurm_ft.train.errors import StepTracker, record_errors
 from slurm_ft.train.heartbeat import HeartbeatWriter
 from slurm_ft.train.interval import AdaptiveIntervalConfig
@@ -82,6 +84,13 @@ def _ckpt_every(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number of steps or {AUTO!r}, got {text!r}") from None
 
 
+def _mem_every(text: str) -> int | str:
+    try:
+        return parse_mem_every(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="slurm_ft.train.example", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, required=True)
@@ -94,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtbf-prior", type=float, default=AdaptiveIntervalConfig().prior_mtbf_s, metavar="SECONDS",
                    help="auto: mean time between failures assumed before any is seen")
     p.add_argument("--keep-last", type=int, default=3)
+    p.add_argument("--mem-every", type=_mem_every, metavar="N|auto|off",
+                   help="memory-tier snapshots in /dev/shm every N steps, auto or off (default: SLURM_FT_MEM_EVERY, "
+                        "else auto)")
     p.add_argument("--ckpt-adopt", action="store_true", help="take over a checkpoint dir another run owns "
                                                              "(default: SLURM_FT_CKPT_ADOPT)")
     p.add_argument("--seed", type=int, default=0)
@@ -247,7 +259,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     config = CheckpointConfig.from_env(dir=args.ckpt_dir, every=args.ckpt_every, auto_interval=args.auto_interval,
                                        keep_last=args.keep_last, async_save=not args.sync,
                                        emergency_deadline_s=args.emergency_deadline, agree_every_s=args.agree_every,
-                                       adopt=True if args.ckpt_adopt else None, **timeouts)
+                                       adopt=True if args.ckpt_adopt else None, mem_every=args.mem_every,
+                                       **timeouts)
     mgr = CheckpointManager(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, dataloader_state=data)
     mgr.install_signal_handlers()
     heart = HeartbeatWriter(run_dir, rank)
@@ -288,7 +301,8 @@ def train(args: argparse.Namespace, rank: int, world: int, device: torch.device,
     return {"step": step, "param_sha256": param_sha256(model), "resumed_from": start,
             "resumed_sha256": loaded_sha, "world_size": world, "data_position": data.position,
             "emergency": emergency, "resharded_from": report.resharding[0] if report.resharding else None,
-            "gpu_changed": report.gpu_changed,
+            "gpu_changed": report.gpu_changed, "resume_source": mgr.resume_source,
+            "mem_stall_s": mgr.last_mem_stall_s, "disk_stall_s": mgr.last_stall_s,
             "checkpoint": mgr.stats}
 
 

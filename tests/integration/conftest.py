@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -92,3 +93,15 @@ def hosts_possible() -> None:
         check_host_tools()
     except LabError as exc:
         _unavailable(str(exc))
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs mounted for one test (root only; skipped elsewhere): a real ENOSPC, a real full /dev/shm."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and tmpfs mounts")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)

@@ -252,17 +252,6 @@ def test_a_checkpoint_whose_dcp_metadata_lacks_items_is_skipped_on_resume(tmp_pa
     assert "step 4 is corrupt" in caplog.text and ".metadata: no stored data for" in caplog.text
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root and tmpfs mounts")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # DCP's writer thread dies
 def test_real_enospc_on_tiny_tmpfs(tiny_tmpfs):
     # ~0.3M params: model + 2 AdamW moments ~ 1.3 MB per checkpoint; the second does not fit in 2 MB.

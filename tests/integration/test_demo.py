@@ -19,6 +19,7 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     assert set(rows) == {"fault", "clean", "kill-rank"}
     assert rows["fault"][1:4] == ["verdict", "culprit", "detection"]
     assert rows["kill-rank"][7] == "equal" and rows["kill-rank"][6] == "0"  # params; no requeue
+    assert rows["kill-rank"][9].startswith("memory@") and int(rows["kill-rank"][5]) <= 1  # issue 32: memory tier
     assert rows["kill-rank"][1] == "unknown" and rows["kill-rank"][2].startswith("rank 1 on n")  # not network
     assert any("rank 1 of job" in line and "SIGKILL" in line for line in lines)
     assert any("restart in place" in line for line in lines)
@@ -44,6 +45,7 @@ def test_demo_flight_recorder_names_the_rank_and_the_collective(lab, tmp_path):
     assert [rows[name][1] for name in ("hang", "stuck-loader", "desync")] == ["hang", "hang", "user_code"]
     assert all(rows[name][2].startswith("rank 1 on n") for name in ("hang", "stuck-loader", "desync"))
     assert rows["desync"][6] == "0" and rows["stuck-loader"][7] == "equal"
+    assert rows["hang"][9].startswith("memory@") and int(rows["hang"][5]) <= 1  # issue 32: the memory tier
     for name in ("stuck-loader", "desync"):  # the trainer's own faults are announced like the demo's
         assert any(line.startswith(f"{name}: rank 1 of job ") for line in lines)
     desync = tmp_path / "demo" / "jobs" / "ck-desync" / ".slurm-ft"

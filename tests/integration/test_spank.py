@@ -14,7 +14,7 @@ from slurm_ft.slurm.types import JobState
 pytestmark = pytest.mark.lab
 
 OPTIONS = ("--ft ", "--ft-ckpt-dir=path", "--ft-ckpt-every=steps", "--ft-max-restarts=n",
-           "--ft-hang-timeout=seconds", "--ft-spare-nodes=n", "--ft-no-requeue")
+           "--ft-hang-timeout=seconds", "--ft-spare-nodes=n", "--ft-no-requeue", "--ft-mem-every=steps|auto|off")
 
 
 def sbatch(lab, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,6 +36,7 @@ def test_sbatch_help_lists_the_ft_options(lab) -> None:
     ("--ft-ckpt-dir=relative/dir", "slurm-ft: --ft-ckpt-dir: 'relative/dir' is not an absolute path"),
     ("--ft-spare-nodes=-1", "slurm-ft: --ft-spare-nodes: '-1' is not a non-negative integer"),
     ("--ft-ckpt-every=AUTO", "slurm-ft: --ft-ckpt-every: 'AUTO' is not a positive integer or 'auto'"),
+    ("--ft-mem-every=0", "slurm-ft: --ft-mem-every: '0' is not a positive integer, 'auto' or 'off'"),
 ])
 def test_bad_values_are_refused_naming_the_option(lab, arg: str, message: str) -> None:
     before = {j.job_id for j in lab.client().jobs()}

@@ -29,7 +29,7 @@ def test_sim_writes_json_table_and_plot(tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     out, err = capsys.readouterr()
     assert "slurm --requeue" in out and "slurm-ft at 16,384 GPUs: ETTR" in out and "sensitivity" in out
-    assert "[1/14" in err and "[14/14" in err  # progress on stderr, the table on stdout
+    assert "[1/16" in err and "[16/16" in err  # progress on stderr, the table on stdout
 
 
 def test_sim_policy_subset_and_lemon_flags(tmp_path, capsys):

@@ -357,3 +357,32 @@ def test_the_hooks_judge_xids_by_the_classifiers_table_not_the_fallback_list():
     settings = hooks.Settings.load(SiteConfig(sections={}, source="test"))
     found = hooks.judge_epilog(NodeReport(job_id=1, node="n1", time=0.0, kmsg_xids=(table_only,)), settings)
     assert [f.check for f in found] == ["xid"]
+
+
+def _owned_dir(path: Path, uid: int, gid: int) -> Path:
+    path.mkdir(mode=0o700)
+    (path / "step_00000001.rank_00000.snap").write_bytes(b"x")
+    for p in (path, path / "step_00000001.rank_00000.snap"):
+        os.chown(p, uid, gid)
+    return path
+
+
+def test_the_epilog_removes_only_the_job_user_s_memory_tier_dir(lab: Env, users, tmp_path: Path) -> None:
+    victim, attacker = users["victim"], users["attacker"]
+    root = tmp_path / "shm"
+    root.mkdir(mode=0o1777)
+    os.chmod(root, 0o1777)
+    deps = lab.deps()
+    deps.shm_root = str(root)
+    victim_dir = _owned_dir(root / "slurm-ft-7", victim.uid, victim.gid)
+    # a job of the attacker with the same id on this node (or a forged SLURM_JOB_UID) leaves the victim's dir alone
+    run_hook("epilog", config=str(lab.config), environ=job_env(SLURM_JOB_UID=str(attacker.uid)), deps=deps)
+    assert victim_dir.is_dir() and any("owned by uid" in line for line in lab.lines)
+    run_hook("epilog", config=str(lab.config), environ=job_env(SLURM_JOB_UID=str(victim.uid)), deps=deps)
+    assert not victim_dir.exists()
+    # the attacker's symlink named for its own job, pointing at the victim's files: not followed
+    precious = _owned_dir(tmp_path / "precious", victim.uid, victim.gid)
+    os.symlink(precious, root / "slurm-ft-8")
+    os.lchown(root / "slurm-ft-8", attacker.uid, attacker.gid)
+    run_hook("epilog", config=str(lab.config), environ=job_env(job=8, SLURM_JOB_UID=str(attacker.uid)), deps=deps)
+    assert (precious / "step_00000001.rank_00000.snap").exists()

@@ -1094,6 +1094,39 @@ def test_the_dump_wait_ends_once_every_rank_has_dumped_or_ended(tmp_path):
     assert "trace_dumps_partial" not in [e["event"] for e in events(tmp_path)]
 
 
+def test_mem_every_reaches_the_ranks_and_bad_values_name_themselves(tmp_path):
+    import argparse
+
+    from slurm_ft.core.errors import SlurmFtError
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="cmd"))
+    config = config_from_args(parser.parse_args(["launch", "--mem-every", "4", "--", "python", "t.py"]), {})
+    assert config.mem_every == "4"
+    with pytest.raises(SlurmFtError, match="mem_every: .*got '0'"):
+        config_from_args(parser.parse_args(["launch", "--mem-every", "0", "--", "python", "t.py"]), {})
+    launcher, runner, _ = make(tmp_path, [Script(tmp_path / "run")], mem_every="off")
+    assert launcher.run() == 0
+    assert runner.calls[0][1]["SLURM_FT_MEM_EVERY"] == "off"
+    launcher, runner, _ = make(tmp_path, [Script(tmp_path / "run")])
+    assert launcher.run() == 0
+    assert "SLURM_FT_MEM_EVERY" not in runner.calls[0][1]  # the job's own setting (or the default) stands
+
+
+def test_the_launcher_removes_its_node_s_memory_tier_dir_at_its_end(tmp_path):
+    from slurm_ft.core import shmdir
+
+    root = tmp_path / "shm"
+    root.mkdir()
+    job_dir = shmdir.open_job_dir(root, "321")
+    (job_dir / "step_00000001.rank_00000.snap").write_bytes(b"x")
+    other = shmdir.open_job_dir(root, "322")  # another job's: left alone
+    launcher, _runner, _ = make(tmp_path, [Script(tmp_path / "run")])
+    launcher.environ = {**launcher.environ, "SLURM_JOB_ID": "321", "SLURM_FT_MEM_ROOT": str(root)}
+    assert launcher.run() == 0
+    assert not job_dir.exists() and other.is_dir()
+
+
 class StaleRankElsewhere(Script):
     """Healthy ranks on n1 and n2, and rank 1 of an earlier run on n9 (its link down: Slurm's kill never reached it)
     still writing its old heartbeat and, later, its error into the shared run dir."""

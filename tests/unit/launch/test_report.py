@@ -74,3 +74,10 @@ def test_a_hang_shows_where_every_group_of_ranks_was():
     lines = format_report(rows).splitlines()
     at = lines.index("        collectives (flight recorder):")
     assert lines[at + 1:at + 3] == [f"          {line}" for line in where]
+
+
+def test_the_ranks_resume_event_says_where_the_attempt_resumed_from():
+    resumed = {"event": "resume", "time": 193.0, "source": "memory", "step": 14, "took_s": 0.1, "disk_step": 12}
+    rows = attempts(EVENTS + [resumed])
+    assert [(r.resume_step, r.resume_source) for r in rows] == [(None, ""), (8, ""), (14, "memory")]
+    assert "  14 mem " in format_report(rows)

@@ -84,6 +84,9 @@ IN_TRAINER = ("stuck-loader", "desync")  # the trainer's own flags inject these;
 RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", "link-down", "link-flap")
 RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
+# Memory snapshots every step: what ``auto`` picks for a job whose MTBF is the few seconds each demo run trains
+# before its fault (Young's spacing from the stall and the MTBF), fixed here so the rows do not hang on a timing.
+MEM_EVERY = 1
 HANG_TIMEOUT = 10
 MEMORY_RESUMES = ("kill-rank", "hang")  # restarted in place from the memory tier: <= 1 step lost (issue 32)
 FLAP_HANG_TIMEOUT = 5  # link-flap's job: a stall this long is caught while the cable is still out
@@ -170,8 +173,8 @@ def ft_flags(run: Run) -> list[str]:
     spares = ["--ft-spare-nodes=1"] if run.name in ("gpu-held", "link-down") else []
     if run.name == "link-down":  # the allocation outlives the node (docs/ml-engineer.md: spares want --no-kill)
         spares.append("--no-kill")
-    return ["--ft", f"--ft-ckpt-dir={run.ckpt}", f"--ft-ckpt-every={EVERY}", "--ft-max-restarts=2",
-            f"--ft-hang-timeout={hang_timeout(run.name)}", *spares]
+    return ["--ft", f"--ft-ckpt-dir={run.ckpt}", f"--ft-ckpt-every={EVERY}", f"--ft-mem-every={MEM_EVERY}",
+            "--ft-max-restarts=2", f"--ft-hang-timeout={hang_timeout(run.name)}", *spares]
 
 
 def hang_timeout(scenario: str) -> int:

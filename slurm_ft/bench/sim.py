@@ -22,7 +22,8 @@ so policy differences are not sampling noise.
 
 Memory tier (``Policy.memory_tier``, issue 32): besides the disk saves, which keep their own interval, each rank
 copies its shard into host memory every ``auto`` spacing of the trainer (:func:`slurm_ft.train.memtier.auto_spacing`
-with ``step_s``, ``mem_snapshot_stall_s``, ``mem_snapshot_write_s`` and the trainer's 5% stall budget), each
+with ``step_s``, ``mem_snapshot_stall_s``, ``mem_snapshot_write_s``, the trainer's 5% stall budget and the job's
+MTBF estimate at each restart, as the trainer's interval estimator holds it), each
 snapshot stalling training for ``mem_snapshot_stall_s``. A snapshot is usable ``mem_snapshot_write_s`` after its
 stall (its local and peer copies written). A fault restarted inside the allocation (on the same nodes: the node's
 copy; on a spare: the peer copy) loses only the work since the newest usable snapshot, or since the newest durable
@@ -322,6 +323,7 @@ class Tally:
     requeues: int = 0
     spare_swaps: int = 0
     interval_s: float = 0.0
+    mem_every_s: float = 0.0
 
     LOST = ("checkpoint_stall", "rework", "detection", "recovery", "queue_wait")
 
@@ -360,9 +362,10 @@ class MemoryTier:
     write_s: float
 
     @classmethod
-    def from_costs(cls, costs: SimCosts) -> "MemoryTier":
+    def from_costs(cls, costs: SimCosts, mtbf_s: float = 0.0) -> "MemoryTier":
+        """The trainer's ``auto`` spacing for these costs and the job's MTBF estimate ``mtbf_s`` (0: unknown)."""
         steps = memtier.auto_spacing(step_s=costs.step_s, stall_s=costs.mem_snapshot_stall_s,
-                                     write_s=costs.mem_snapshot_write_s, budget=MEM_STALL_BUDGET)
+                                     write_s=costs.mem_snapshot_write_s, budget=MEM_STALL_BUDGET, mtbf_s=mtbf_s)
         return cls(every_s=steps * costs.step_s, stall_s=costs.mem_snapshot_stall_s,
                    write_s=costs.mem_snapshot_write_s)
 
@@ -426,7 +429,6 @@ class _Job:
         self.estimator = AdaptiveInterval(AdaptiveIntervalConfig(prior_mtbf_s=config.prior_mtbf_h * 3600.0,
                                                                  initial_cost_s=self.stall))
         self.estimator.observe_checkpoint(self.stall, write_s=self.lag)
-        self.memory = MemoryTier.from_costs(costs) if policy.memory_tier else None
         self.tally = Tally()
         self._allocate()
 
@@ -438,6 +440,10 @@ class _Job:
     def interval_s(self) -> float:
         return self.estimator.interval_s() if self.policy.adaptive_interval else self.policy.fixed_interval_s
 
+    def memory(self) -> MemoryTier | None:
+        """The memory tier as the trainer spaces it now (from the same MTBF estimate), or None."""
+        return MemoryTier.from_costs(self.costs, self.estimator.mtbf_s) if self.policy.memory_tier else None
+
     def run(self) -> Tally:
         cfg, tally = self.config, self.tally
         horizon = cfg.horizon_h * 3600.0
@@ -446,10 +452,10 @@ class _Job:
         while clock < horizon:
             rate = base_rate + self.lemons * lemon_rate
             run = self.faults.expovariate(1.0) / rate
-            interval = self.interval_s()
+            interval, memory = self.interval_s(), self.memory()
             if clock + run >= horizon:
                 _account_run(tally, horizon - clock, interval, self.stall, self.lag, failed=False,
-                             memory=self.memory)
+                             memory=memory)
                 break
             clock += run
             self.estimator.observe_running(run)
@@ -457,10 +463,12 @@ class _Job:
             draw = self.faults.random
             from_lemon = draw() < self.lemons * lemon_rate / rate  # four draws per failure, whatever the policy
             took, in_allocation = self._fail(from_lemon, draw(), draw(), draw())
-            _account_run(tally, run, interval, self.stall, self.lag, failed=True, memory=self.memory,
+            _account_run(tally, run, interval, self.stall, self.lag, failed=True, memory=memory,
                          from_memory=in_allocation)
             clock += took
         tally.interval_s = self.interval_s()
+        memory = self.memory()
+        tally.mem_every_s = memory.every_s if memory else 0.0
         return tally
 
     def _fail(self, from_lemon: bool, u_class: float, u_exclude: float, u_symptom: float) -> tuple[float, bool]:
@@ -522,7 +530,7 @@ class SimResult:
     spare_swaps_per_day: float
     job_mtbf_h: float  # from first faults alone (lemon repeats come on top)
     interval_s: float  # the checkpoint interval at the end of the run (mean over replicas)
-    mem_every_s: float  # training between memory snapshots (0: no memory tier)
+    mem_every_s: float  # training between memory snapshots at the end of the run (mean over replicas; 0: no tier)
     rework_per_failure_s: float  # work lost per fault (mean over replicas)
     spare_nodes: int
     spare_gpu_share: float  # GPUs held idle as spares, of all the job's GPUs (not counted in ETTR)
@@ -549,7 +557,7 @@ def simulate(config: SimConfig, policy: Policy, costs: SimCosts | None = None) -
         failures_per_day=per_day("failures"), lemon_failures_per_day=per_day("lemon_failures"),
         requeues_per_day=per_day("requeues"), spare_swaps_per_day=per_day("spare_swaps"),
         job_mtbf_h=config.mtbf_s / 3600.0, interval_s=statistics.fmean(t.interval_s for t in tallies),
-        mem_every_s=MemoryTier.from_costs(costs).every_s if policy.memory_tier else 0.0,
+        mem_every_s=statistics.fmean(t.mem_every_s for t in tallies),
         rework_per_failure_s=statistics.fmean(t.rework / max(1, t.failures) for t in tallies),
         spare_nodes=spares, spare_gpu_share=spares / (config.nodes + spares),
         lost_fraction={k: statistics.fmean(getattr(t, k) / t.wall for t in tallies) for k in Tally.LOST},

@@ -134,7 +134,8 @@ class CheckpointConfig:
     such a dir is refused."""
     mem_every: int | str = MEM_EVERY_DEFAULT
     """The memory tier (``--ft-mem-every`` / ``SLURM_FT_MEM_EVERY``): a snapshot in the job's ``/dev/shm`` dir every N
-    steps, ``"auto"`` (every step while its stall stays within 5% of the training time, else spaced) or ``"off"``.
+    steps, ``"auto"`` (Young's spacing from the snapshot's stall and the job's MTBF estimate, never a stall above 5%
+    of the training time, at most every step) or ``"off"``.
     A restart in the same allocation resumes from it when every rank's part is there and verifies; disk otherwise."""
     mem_root: str = shmdir.SHM_ROOT
     """Where the tier's per-job dir goes (``SLURM_FT_MEM_ROOT``; default ``/dev/shm``): a memory filesystem."""
@@ -396,7 +397,15 @@ class CheckpointManager:
         epoch = self._broadcast(uuid.uuid4().hex[:16] if self.rank == 0 else None)  # this attempt's snapshots
         return MemoryTier(epoch=epoch, directory=directory, rank=self.rank, world_size=self.world_size,
                           rank_hosts=list(self.rank_hosts), alloc=alloc, group=self._mem_group,
-                          every=self.config.mem_every, events=self._event, distributed=self._distributed)
+                          every=self.config.mem_every, events=self._event, distributed=self._distributed,
+                          mtbf_s=self._mtbf_s)
+
+    def _mtbf_s(self) -> float:
+        """The job's MTBF for the memory tier's spacing: rank 0's estimate in auto mode, else the prior."""
+        if self._interval is None:
+            return self.config.auto_interval.prior_mtbf_s
+        with self._interval_lock:
+            return self._interval.mtbf_s
 
     def _event(self, name: str, **fields: Any) -> None:
         """Rank 0: one event in the run's ``events.jsonl`` (beside the launcher's; ``slurm-ft report`` reads it)."""

@@ -38,7 +38,7 @@ log = logging.getLogger("slurm_ft.train.memory")
 
 AUTO = "auto"
 OFF = "off"
-STALL_BUDGET = 0.05  # auto: a snapshot's stall at most this fraction of the training time between snapshots
+STALL_BUDGET = 0.05  # auto: a snapshot's stall never above this fraction of the training time between snapshots
 Events = Callable[..., None]  # (event name, **fields): rank 0 writes them to the run's events.jsonl
 
 
@@ -55,6 +55,7 @@ class Outcome:
     write_s: float = 0.0
     step_s: float = 0.0
     nbytes: int = 0
+    mtbf_s: float = 0.0  # the job's failure estimate as this rank knows it (rank 0's is used)
 
 
 def pressure(*, need: int, free: int) -> bool:
@@ -91,8 +92,10 @@ class MemoryTier:
     """One rank's side of the tier (construct on every rank, with the same ``every``)."""
 
     def __init__(self, *, directory: Path, rank: int, world_size: int, rank_hosts: list[str], alloc: str,
-                 group: Any, every: int | str, events: Events, distributed: bool, epoch: str) -> None:
+                 group: Any, every: int | str, events: Events, distributed: bool, epoch: str,
+                 mtbf_s: Callable[[], float] = lambda: 0.0) -> None:
         self.dir, self.rank, self.world_size, self.alloc, self.epoch = directory, rank, world_size, alloc, epoch
+        self.mtbf_s = mtbf_s  # auto: the job's mean time between failures now (0: unknown), for the spacing
         self.group, self.events, self.distributed = group, events, distributed
         self.every = every
         self.local = memtier.local_ranks(rank_hosts, rank)
@@ -138,7 +141,7 @@ class MemoryTier:
         if not self.enabled:
             return time.monotonic() - start
         staged = self._stager.stage(state())
-        outcome = Outcome(step=step, step_s=self._step_s)
+        outcome = Outcome(step=step, step_s=self._step_s, mtbf_s=self.mtbf_s())
         payload_local = local()
         outcome.stall_s = time.monotonic() - start
         self.snapshots += 1
@@ -257,7 +260,8 @@ class MemoryTier:
         if self.every == AUTO:
             spacing = memtier.auto_spacing(step_s=max(o.step_s for o in everyone),
                                            stall_s=max(o.stall_s for o in everyone),
-                                           write_s=max(o.write_s for o in everyone), budget=STALL_BUDGET)
+                                           write_s=max(o.write_s for o in everyone), budget=STALL_BUDGET,
+                                           mtbf_s=everyone[0].mtbf_s)
             if spacing != self.spacing:
                 log.info("memory tier: a snapshot every %d steps", spacing)
             self.spacing = spacing

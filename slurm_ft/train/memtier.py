@@ -221,15 +221,17 @@ def _plan(inventories: Sequence[Inventory], world_size: int, step: int, epoch: s
 
 
 # ---- auto spacing ----
-def auto_spacing(*, step_s: float, stall_s: float, write_s: float, budget: float) -> int:
-    """Steps between snapshots for ``auto``: every step when a snapshot's stall is within ``budget`` of a step and
-    its background write fits in one; else spaced so the stall stays within budget and one write is done before
-    the next starts."""
+def auto_spacing(*, step_s: float, stall_s: float, write_s: float, budget: float, mtbf_s: float = 0.0) -> int:
+    """Steps between snapshots for ``auto``: Young's interval ``sqrt(2 * stall * MTBF)`` of training between them
+    (``mtbf_s`` > 0: snapshots more often than that cost more stall than the work they save; a job that fails
+    rarely snapshots rarely), never a stall above ``budget`` of the training time, never a snapshot before the
+    previous one's background write is done, at most every step."""
     if step_s <= 0:
         return 1
     by_stall = math.ceil(stall_s / (budget * step_s)) if budget > 0 else 1
     by_write = math.ceil(write_s / step_s)
-    return max(1, min(1 << 20, max(by_stall, by_write)))
+    by_rate = round(math.sqrt(2.0 * stall_s * mtbf_s) / step_s) if mtbf_s > 0 and stall_s > 0 else 1
+    return max(1, min(1 << 20, max(by_stall, by_write, by_rate)))
 
 
 # ---- files ----

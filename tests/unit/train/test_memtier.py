@@ -128,6 +128,15 @@ def test_auto_spacing_every_step_within_budget_else_spaced():
     assert memtier.auto_spacing(step_s=0.0, stall_s=1.0, write_s=1.0, budget=0.05) == 1
 
 
+def test_auto_spacing_follows_the_failure_rate():
+    # Young: sqrt(2 * 0.5 s * 3 h) = 104 s of training between snapshots, within a 5% budget that allows 10 s
+    assert memtier.auto_spacing(step_s=1.0, stall_s=0.5, write_s=0.5, budget=0.05, mtbf_s=3 * 3600.0) == 104
+    # a job that fails every minute snapshots every step; the budget and the write still bound it from below
+    assert memtier.auto_spacing(step_s=1.0, stall_s=0.001, write_s=0.5, budget=0.05, mtbf_s=60.0) == 1
+    assert memtier.auto_spacing(step_s=1.0, stall_s=0.2, write_s=0.5, budget=0.05, mtbf_s=60.0) == 5
+    assert memtier.auto_spacing(step_s=1.0, stall_s=0.001, write_s=3.0, budget=0.05, mtbf_s=60.0) == 3
+
+
 def test_files_are_private_and_retention_keeps_the_newest(tmp_path):
     for step in (4, 5):
         memtier.write_file(tmp_path, memtier.snap_name(step, 0), b"x")

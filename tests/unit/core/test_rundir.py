@@ -55,6 +55,7 @@ def test_heartbeats_and_the_stack_file_are_private(tmp_path, open_umask):
     writer = HeartbeatWriter(tmp_path / "run", 2, liveness_s=0)
     try:
         writer.beat(1, force=True)
+        writer._dump_stacks()  # what the stack signal's answer writes
     finally:
         writer.close()
     assert {p.name: mode(p) for p in (tmp_path / "run").iterdir()} == {"heartbeat.rank2.json": 0o600,

@@ -58,6 +58,7 @@ TEST_NVML_SNAPSHOT = "SLURM_FT_TEST_NVML_SNAPSHOT"  # TEST-ONLY: read NVML recor
 SLURM_JOB_ID = "SLURM_JOB_ID"              # Slurm's job id: a requeued job keeps it (the default run identity)
 STANDBY = "SLURM_FT_STANDBY"               # set by the launcher: the ranks' interpreter, whose warm standby may run them
 STANDBY_PRELOAD = "SLURM_FT_STANDBY_PRELOAD"  # extra modules the warm standby ranks import (comma separated)
+LAUNCH_ID = "SLURM_FT_LAUNCH_ID"           # set by the launcher: a random token per launch, in the memory tier's tag
 STANDBY_KEY = "SLURM_FT_STANDBY_KEY"       # set by the launcher for its own steps: the random part of the standby names
 
 

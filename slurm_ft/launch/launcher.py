@@ -467,6 +467,7 @@ class Launcher:
         self._standby_off = False  # a warm attempt hung before its first step: cold restarts from then on
         # the random part of the standbys' socket names, for our own steps only: nobody can bind them first
         self._standby_key = secrets.token_hex(16)
+        self._launch_id = secrets.token_hex(8)  # every attempt's: the memory tier keeps to this launch's snapshots
         self._world = 0  # the current attempt's ranks
         self._attempt_nodes: frozenset[str] | None = None  # the current attempt's nodes
 
@@ -878,6 +879,7 @@ class Launcher:
             env.pop(RESTART_COUNT_ENV, None)
         env[ft_env.PREFIX + ft_env.RUN_DIR] = str(self.config.run_dir)
         env["SLURM_FT_ATTEMPT"] = str(self.attempts)
+        env[ft_env.LAUNCH_ID] = self._launch_id
         if self.config.mem_every is not None:
             env[ft_env.PREFIX + ft_env.MEM_EVERY] = self.config.mem_every
         if self.bell is not None and self.config.rank_records:  # the wrappers ring it

@@ -393,7 +393,7 @@ class CheckpointManager:
             if key is not None:  # a refused dir is news; a run outside Slurm without an identity is not
                 self._event("mem_step_back", why=whys[0], now="memory tier off")
             return None
-        alloc = f"{os.environ.get(env.SLURM_JOB_ID, '')}.{os.environ.get(env.SLURM_RESTART_COUNT, '0') or '0'}"
+        alloc = memory_alloc(os.environ)
         epoch = self._broadcast(uuid.uuid4().hex[:16] if self.rank == 0 else None)  # this attempt's snapshots
         return MemoryTier(epoch=epoch, directory=directory, rank=self.rank, world_size=self.world_size,
                           rank_hosts=list(self.rank_hosts), alloc=alloc, group=self._mem_group,
@@ -879,11 +879,16 @@ class CheckpointManager:
             except ValueError:
                 raise SlurmFtError(f"RESUME_STEP must be an integer, got {raw!r}") from None
         candidates = self._broadcast(self._candidates(hint_step) if self.rank == 0 else None)
+        fresh = self.optimizer is not None and not self.optimizer.state
         why = self._resume_from_memory(candidates[0] if candidates else None) if hint_step is None else \
             f"resume step {hint_step} given"
         if self.resume_source:
             return self.resumed_from
         step = self._resume_from_disk(candidates)
+        if step == 0 and fresh:
+            # reading the live state for a check (get_state_dict) gave the optimizer its state with a zero-grad
+            # step; a run that starts from scratch must start as it would have without the attempt
+            self.optimizer.state.clear()
         self.resume_source = memtier.DISK
         if step > 0 or (self.memory is not None and why != memtier.NOTHING):
             self._event("resume", source=memtier.DISK, step=step, why=why)
@@ -1030,6 +1035,15 @@ def _mismatch(live: Any, saved: Any, path: str = "") -> str:
             return f"{path}: lengths differ"
         return next((p for i, (a, b) in enumerate(zip(live, saved)) if (p := _mismatch(a, b, f"{path}[{i}]"))), "")
     return ""
+
+
+def memory_alloc(environ: Mapping[str, str]) -> str:
+    """The memory tier's allocation tag: ``<job id>.<restart count>:<launch id>``. A snapshot of another tag is
+    never used and is removed at start: a requeue changes the restart count; the launch id (a random token the
+    launcher gives every attempt of its launch, ``SLURM_FT_LAUNCH_ID``) tells apart two jobs that share an id and
+    a node's ``/dev/shm`` (two clusters whose job ids both start at 1, or ids reused after a controller reset)."""
+    job = f"{environ.get(env.SLURM_JOB_ID, '')}.{environ.get(env.SLURM_RESTART_COUNT, '0') or '0'}"
+    return f"{job}:{environ.get(env.LAUNCH_ID, '')}"
 
 
 def _fill(live: Any, saved: Any) -> Any:

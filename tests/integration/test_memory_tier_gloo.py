@@ -155,6 +155,30 @@ def test_after_a_requeue_the_run_resumes_from_disk(single, tmp_path, monkeypatch
     assert resumed["param_sha256"] == clean["param_sha256"]
 
 
+def test_a_refused_snapshot_leaves_a_fresh_run_as_it_was(single, tmp_path, monkeypatch, capsys):
+    """Seen in the lab: a snapshot of another job (another model) in the run's memory dir, no disk checkpoint.
+    Checking it read the live state (get_state_dict), which gave the fresh optimizer its state with a zero-grad
+    step; the run then trained from scratch with a step count one ahead and ended with other parameters."""
+    _clean, crashed, _newest = single
+    root = _copy(crashed, tmp_path)
+    shutil.rmtree(root / "ck")  # nothing on disk: the run starts from scratch
+    resumed = _run_in_process(root, monkeypatch, capsys, "--hidden", "24")
+    assert (resumed["resumed_from"], resumed["resume_source"]) == (0, "disk")
+    assert "(16, 16) torch.float32 in the snapshot" in _resume_events(root)[-1]["why"]
+    fresh = _run_in_process(tmp_path / "fresh", monkeypatch, capsys, "--hidden", "24")
+    assert resumed["param_sha256"] == fresh["param_sha256"]
+
+
+def test_snapshots_of_another_launch_are_never_used(single, tmp_path, monkeypatch, capsys):
+    """Two jobs with one id on one node's /dev/shm (two clusters, ids reused): the launch id in the tag parts
+    them, whatever the shapes."""
+    clean, crashed, newest = single
+    root = _copy(crashed, tmp_path)
+    resumed = _run_in_process(root, monkeypatch, capsys, env={"SLURM_FT_LAUNCH_ID": "another"})
+    assert resumed["resume_source"] == "disk" and resumed["resumed_from"] < newest
+    assert resumed["param_sha256"] == clean["param_sha256"]
+
+
 @pytest.mark.slow
 def test_a_changed_world_size_resumes_from_disk(runs, tmp_path):
     _clean, crashed, _newest = runs

@@ -370,6 +370,10 @@ def test_failure_on_healthy_nodes_restarts_in_place(tmp_path):
     assert "restart_in_place" in [e["event"] for e in events(tmp_path)]
     # the failed step may linger as "completing" on the live nodes: later attempts may share its CPUs
     assert "--overlap" not in runner.calls[0][0] and "--overlap" in runner.calls[1][0]
+    # one launch id for every attempt (the memory tier keeps to this launch's snapshots), another launch's differs
+    ids = {env["SLURM_FT_LAUNCH_ID"] for _argv, env in runner.calls}
+    other, _, _ = make(tmp_path, [Script(run)])
+    assert len(ids) == 1 and other._launch_id not in ids and len(ids.pop()) == 16
 
 
 def test_unhealthy_node_swapped_for_a_spare_without_using_a_retry(tmp_path):

@@ -188,3 +188,13 @@ def test_mem_every_config_and_env():
         CheckpointConfig(dir="/x", mem_every=0)
     with pytest.raises(ConfigError, match="mem_root.*got 'shm'"):
         CheckpointConfig(dir="/x", mem_root="shm")
+
+
+def test_the_tier_tag_names_the_allocation_and_the_launch():
+    from slurm_ft.train.checkpoint import memory_alloc
+
+    job = {"SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": "0", "SLURM_FT_LAUNCH_ID": "a1"}
+    assert memory_alloc(job) == "1.0:a1"
+    assert memory_alloc({**job, "SLURM_RESTART_COUNT": "1"}) != memory_alloc(job)  # requeued: a new allocation
+    assert memory_alloc({**job, "SLURM_FT_LAUNCH_ID": "b2"}) != memory_alloc(job)  # job 1 of another cluster
+    assert memory_alloc({}) == ".0:"

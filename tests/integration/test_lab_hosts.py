@@ -95,9 +95,16 @@ def _reaches(lab: LabCluster, src: str, dst: str) -> bool:
     return line[0][1] == "reach"
 
 
+def _carrier_changes(lab: LabCluster) -> dict[str, int]:
+    """Each node's ``/sys/class/net/eth0/carrier_changes``, read on the node itself."""
+    lines = _srun(lab, "-N3", "sh", "-c", "echo $(hostname) $(cat /sys/class/net/eth0/carrier_changes)")
+    return {name: int(count) for name, count in (line.split() for _, line in lines)}
+
+
 def test_link_down_cuts_the_node_off_until_link_up(hosts_lab):
     n3 = hosts_lab.host_plan.node("n3").addr
     assert ports.can_connect(hosts.SLURMD_PORT, n3) and _reaches(hosts_lab, "n1", "n3")
+    before = _carrier_changes(hosts_lab)
     faults.link_down(hosts_lab, "n3")
     try:
         assert not ports.can_connect(hosts.SLURMD_PORT, n3)  # not from the controller's host
@@ -108,6 +115,9 @@ def test_link_down_cuts_the_node_off_until_link_up(hosts_lab):
     wait_for(lambda: ports.can_connect(hosts.SLURMD_PORT, n3), 15, message="n3 reachable after link-up")
     # n1's neighbour entry for n3 failed while the cable was out: it is re-learnt on a later try, not at once
     wait_for(lambda: _reaches(hosts_lab, "n1", "n3"), 15, interval=1.0, message="n3 reachable from n1 after link-up")
+    # each node sees its own interface's counters (a sysfs of its own): the pulled cable is counted on n3 alone
+    after = _carrier_changes(hosts_lab)
+    assert after == {**before, "n3": before["n3"] + 2}
 
 
 def test_slow_link_throttles_both_ends_of_the_cable_until_lifted(hosts_lab):

@@ -4,9 +4,10 @@ Evidence: the ranks' error files and end records (``slurm_ft.launch.rank``), a h
 (``slurm_ft.launch.hang``), the ranks' flight-recorder dumps (``slurm_ft.train.traces``: only the attempt's ranks,
 a node name only when it is one of the attempt's nodes), the nodes found unhealthy after it, the GPUs that kept
 its processes past the launcher's wait (``slurm_ft.launch.reclaim``), and the links of its nodes that went down
-while it ran (their counters at its start and in the probe after it: ``slurm_ft.launch.links``). ``root_cause`` picks the culprit rank, its
-node and the first line of its real error; ``paragraph`` is the few lines the launcher prints at the end of an
-attempt, so the real error is not lost under the secondary tracebacks of the ranks that failed because of it.
+while it ran (their counters at its start and in the probe after it: ``slurm_ft.launch.links``). ``root_cause``
+picks the culprit rank, its node and the first line of its real error; ``paragraph`` is the few lines the launcher
+prints at the end of an attempt, so the real error is not lost under the secondary tracebacks of the ranks that
+failed because of it.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ matrix. ``--out DIR`` keeps the table (``faults.txt``) and the rows (``faults.js
 
 Culprit right: the verdict names the faulted node (node and network faults: a ``link-flap``'s node by its link
 counters) or rank 1 on its node (rank faults); ``slow-link`` must name no other node (``none`` when nothing was
-named). Committed checkpoints
-lost: the checkpoint intervals between the newest checkpoint due before the fault and the one the restart resumed
-from (0: nothing committed was lost); ``-`` where nothing restarted.
+named). Committed checkpoints lost: the checkpoint intervals between the newest checkpoint due before the fault
+and the one the restart resumed from (0: nothing committed was lost); ``-`` where nothing restarted.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
   probe finds the node unreachable, the verdict names that node, and the job (3 nodes, one spare) swaps the spare
   in, or is requeued without the node;
 - ``link-flap`` (hosts mode only): the same cable pulled for ``FLAP_S`` seconds, longer than the job's hang timeout
-  (``FLAP_HANG_TIMEOUT``) and shorter than the lab's SlurmdTimeout (Slurm does not see it): a restart in place on
-  the same nodes, the node struck at most, never quarantined on its first flap;
+  (``FLAP_HANG_TIMEOUT``) and shorter than the lab's SlurmdTimeout (Slurm does not see it): the node's link
+  counters name it (``network``), a restart in place on the same nodes, the node struck once by its epilog, never
+  quarantined on its first flap;
 - ``slow-link`` (hosts mode only): rank 1's node's link throttled to ``SLOW_RATE`` both ways (tbf) from the fault
   step on: training goes on, slower; no fault verdict while steps still complete;
 - ``desync``: rank 1 calls an all-reduce the others do not (``--desync-at``, on every attempt: a bug): the ranks
@@ -573,7 +574,7 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
 
 def link_checks(run: Run, timing: Any, events: list[dict], quarantine: Any) -> list[tuple[str, bool]]:
     """link-down: caught within the hang timeout (+5 s), the job goes on without the node; link-flap: restarted in
-    place on the same nodes, the node not quarantined."""
+    place on the same nodes, the node struck once (a soft strike) and not quarantined."""
     node = run.victim or "?"
     starts = [e for e in events if e["event"] == "attempt_start"]
     later = starts[1:]
@@ -585,8 +586,10 @@ def link_checks(run: Run, timing: Any, events: list[dict], quarantine: Any) -> l
         return checks + [(f"went on without {node} (spare or requeue excluding it)", bool(later) and all(
             node not in e["nodes"] for e in later) and (run.final is not None and run.final.restart_count == 0
                                                        or excluded))]
+    strikes = [s.category for s in quarantine.strikes(node) if s.job_id == run.job_id]
     return checks + [("recovered in place on the same nodes", run.final is not None and run.final.restart_count == 0
                       and bool(later) and all(e["nodes"] == starts[0]["nodes"] for e in later)),
+                     (f"{node} struck once (network, its epilog's own link counters)", strikes == ["network"]),
                      (f"{node} not quarantined", not quarantine.is_quarantined(node))]
 
 
@@ -646,8 +649,12 @@ def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None)
     culprit = (verdict or {}).get("culprit", {})
     if run.name == "link-down":
         checks.append((f"culprit {run.victim or '?'} only", bool(run.victim) and culprit.get("nodes") == [run.victim]))
-    if run.name == "link-flap":  # both ranks stalled alike and the probe found the link back: none may be named
-        checks.append(("no other node blamed", bool(run.victim) and set(culprit.get("nodes", [])) <= {run.victim}))
+    if run.name == "link-flap":  # both ranks stalled alike and the probe found the link back: the counters name it
+        checks += [(f"culprit {run.victim or '?'} only", bool(run.victim) and culprit.get("nodes") == [run.victim]),
+                   ("network, recoverable", verdict is not None and verdict["category"] == Category.NETWORK.value
+                    and verdict["recoverable"] is True),
+                   ("the link's counter in the evidence", any(line.startswith(f"{run.victim}: link ") and
+                                                              "went down" in line for line in lines))]
     if run.name == "link-down":
         checks.append(("network or hardware_node", verdict is not None and verdict["category"] in (
             Category.NETWORK.value, Category.HARDWARE_NODE.value)))

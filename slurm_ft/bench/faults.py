@@ -7,10 +7,10 @@ culprit is right, recovery (s), steps lost, whether the final parameters equal t
 checkpoints lost. Run it once per release (``PATH=/opt/slurm-25.11/bin:/opt/slurm-25.11/sbin:$PATH``) for the
 matrix. ``--out DIR`` keeps the table (``faults.txt``) and the rows (``faults.json``).
 
-Culprit right: the verdict names the faulted node (node and network faults) or rank 1 on its node (rank faults);
-``slow-link`` and ``link-flap`` must name no other node (``none`` when nothing was named). Committed checkpoints
-lost: the checkpoint intervals between the newest checkpoint due before the fault and the one the restart resumed
-from (0: nothing committed was lost); ``-`` where nothing restarted.
+Culprit right: the verdict names the faulted node (node and network faults: a ``link-flap``'s node by its link
+counters) or rank 1 on its node (rank faults); ``slow-link`` must name no other node (``none`` when nothing was
+named). Committed checkpoints lost: the checkpoint intervals between the newest checkpoint due before the fault
+and the one the restart resumed from (0: nothing committed was lost); ``-`` where nothing restarted.
 """
 
 from __future__ import annotations
@@ -62,11 +62,9 @@ def culprit_right(name: str, victim: str, rank1_node: str, verdict: dict[str, An
     named = culprit_text(verdict) if verdict else "-"
     if name in RANK_FAULTS:
         return "yes" if ranks == [1] and nodes == [rank1_node] else f"no ({named})"
-    if name in ("slow-link", "link-flap") and not nodes:
-        return "yes (none named)" if name == "slow-link" else "none named"
-    if name == "link-flap" and set(nodes) <= {victim}:
-        return "yes"
-    return "yes" if nodes == [victim] else f"no ({named})"
+    if name == "slow-link" and not nodes:
+        return "yes (none named)"
+    return "yes" if nodes == [victim] else f"no ({named if nodes else 'none named'})"
 
 
 def checkpoints_lost(fault_step: int | None, resume_step: int | None, every: int) -> str:

@@ -89,6 +89,10 @@ _NVML_WEAR = Rule(id="nvml:wear", category=Category.HARDWARE_GPU, priority=91, c
 _NVML_ACTION = Rule(id="nvml:recovery_action", category=Category.HARDWARE_GPU, priority=98, confidence=0.95)
 # A GPU that kept a dead attempt's processes (or their memory) past the launcher's wait: it cannot host a rank.
 _NVML_HELD = Rule(id="nvml:not_released", category=Category.HARDWARE_GPU, priority=96, confidence=0.85)
+# A link of one of the job's nodes went down while it ran (the node's own counters: slurm_ft.health.links): the
+# network of that node, recoverable (a restart in place; the quarantine counts repeats). It explains a hang and the
+# ranks' network errors (above the hang and trace findings), not a time limit, a preemption or a desync.
+_LINK_DOWN = Rule(id="link:down", category=Category.NETWORK, priority=79, confidence=0.85)
 _ROOT_CAUSE = Rule(id="torchrun:root_cause", category=Category.UNKNOWN, priority=5, confidence=0.3)
 _NOTHING = Rule(id="none", category=Category.UNKNOWN, priority=0, confidence=0.1)
 
@@ -102,7 +106,7 @@ class Finding:
 
     rule: Rule
     evidence: str
-    kind: str  # which input: job, node, nvml, xid, error, log, kmsg
+    kind: str  # which input: job, node, nvml, xid, error, log, kmsg, link
     node: str = ""
     rank: int | None = None
     time: float | None = None
@@ -211,6 +215,8 @@ def _gather(evidence: Evidence, rules: Rules, naive: bool) -> tuple[list[Finding
             xids += snapshot.xids
     findings += [Finding(_NVML_HELD, hold.describe(), "nvml", node=hold.node) for hold in evidence.held_gpus
                  if ctx.on_job(hold.node)]
+    findings += [Finding(_LINK_DOWN, loss.describe(), "link", node=loss.node) for loss in evidence.links
+                 if loss.node and ctx.on_job(loss.node)]
     for record in evidence.errors:
         said = list(_error_findings(record, rules, scan))
         if _only_secondary(said):
@@ -843,7 +849,8 @@ def _verdict(top: Finding, deciding: list[Finding], secondaries: list[Finding], 
 
 
 # Finding kinds that are the node's own evidence, gathered by root: Slurm's node state, NVML, Xids and the kernel
-# log read on the node. "error" and "log" findings are the job's word.
+# log read on the node. ("link": the counters as the launcher read them, as the job's user: they name the job's own
+# nodes; the epilog's own reading strikes, slurm_ft.cluster.hooks.) "error" and "log" findings are the job's word.
 NODE_EVIDENCE_KINDS = frozenset({"node", "nvml", "xid", "kmsg"})
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from slurm_ft.classify.collectives import RankTrace
 from slurm_ft.core.rundir import ErrorRecord, RankEnd, RankState
+from slurm_ft.health.links import LinkLoss
 from slurm_ft.health.records import GpuHold, NodeReport, NvmlSnapshot, XidEvent
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
@@ -100,6 +101,8 @@ class Evidence:
     ended (NVML, read on their nodes: ``slurm_ft.launch.reclaim``).
     ``traces`` are the ranks' flight-recorder dumps (``slurm_ft.classify.collectives``), the job's word: they may
     name its ranks and nodes, never strike a node.
+    ``links``: links of the job's nodes that went down while an attempt ran, from their counters as the launcher's
+    steps read them on the nodes (``slurm_ft.launch.links``): ``network`` on that node, the job's own nodes only.
     """
 
     job: JobEnd | None = None
@@ -113,9 +116,10 @@ class Evidence:
     traces: tuple[RankTrace, ...] = ()
     in_allocation: bool = False
     held_gpus: tuple[GpuHold, ...] = ()
+    links: tuple[LinkLoss, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang", "held_gpus", "traces"):
+        for name in ("nodes", "nvml", "kmsg", "errors", "logs", "ends", "hang", "held_gpus", "traces", "links"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
                 object.__setattr__(self, name, tuple(value))

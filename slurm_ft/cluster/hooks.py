@@ -9,9 +9,11 @@ passes. A quarantine store that cannot be read is logged as an ERROR with how to
 checks still decide. A healthy node passes fast. ``slurm-ft prolog --health-check`` runs the same checks
 without a job (as Slurm's ``HealthCheckProgram``): a pass moves a quarantined node towards probation.
 
-``slurm-ft epilog``: gather NVML, kernel-log Xids since the prolog ran, the ranks' error files and the job's
-exit status into ``<state_dir>/reports/<job_id>/<node>.json`` for the monitor; hardware evidence quarantines
-the node at once, so the next job does not land on it. It also removes the job's memory-tier directory
+``slurm-ft epilog``: gather NVML, kernel-log Xids since the prolog ran, the ranks' error files, the node's links
+that went down while the job ran (its link counters against the prolog's reading: ``slurm_ft.health.links``) and
+the job's exit status into ``<state_dir>/reports/<job_id>/<node>.json`` for the monitor; hardware evidence
+quarantines the node at once, so the next job does not land on it; a link that went down gives the node one
+``network`` strike (soft: a first flap never drains it). It also removes the job's memory-tier directory
 (``/dev/shm/slurm-ft-<job_id>``, :mod:`slurm_ft.core.shmdir`) when it is a directory of the job's uid, never
 through a symlink: the backstop for ranks and a launcher that did not end cleanly. The epilog always exits 0: a bug
 here must not drain a healthy cluster.
@@ -50,6 +52,7 @@ from slurm_ft.core.errors import SlurmFtError
 from slurm_ft.core.taxonomy import Category
 from slurm_ft.health import checks
 from slurm_ft.health.checks import Finding, HealthConfig
+from slurm_ft.health.links import LinkLoss, LinkSnapshot, link_losses, losses_text, read_links
 from slurm_ft.health.records import NodeReport, NvmlSnapshot, XidEvent
 
 T = TypeVar("T")
@@ -190,6 +193,7 @@ class Deps:
     clock: Callable[[], float] = time.time
     statvfs: Callable[[str], os.statvfs_result] = os.statvfs
     kmsg_sources: Iterable[Any] | None = None  # None: /dev/kmsg, then dmesg
+    links: Callable[[str], LinkSnapshot] = read_links  # the node's link counters (slurm_ft.health.links)
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)
     shm_root: str = shmdir.SHM_ROOT  # where the jobs' memory-tier dirs are
 
@@ -258,6 +262,7 @@ class PrologFacts:
     quarantined: str | None = None  # the store's reason when the node is quarantined
     quarantine_category: str = ""
     space: tuple[str, int] | None = None  # (path checked, free bytes)
+    links: LinkSnapshot | None = None  # the node's link counters as the job starts: the epilog compares its own
     failures: tuple[Finding, ...] = ()  # gathering steps that hung or crashed
     notes: tuple[str, ...] = ()
 
@@ -284,9 +289,18 @@ def gather_prolog(ctx: JobContext, settings: Settings, deps: Deps, *, with_job: 
                              f"free-space check of {path}")
         if why:
             failures.append(Finding(category=Category.STORAGE, check="space", evidence=why))
+    links = _read_links(ctx, settings, deps, notes) if with_job else None
     return PrologFacts(node=ctx.node, time=now, snapshot=snap if isinstance(snap, NvmlSnapshot) else None,
                        quarantined=reason, quarantine_category=category, space=space, failures=tuple(failures),
-                       notes=tuple(notes))
+                       notes=tuple(notes), links=links)
+
+
+def _read_links(ctx: JobContext, settings: Settings, deps: Deps, notes: list[str]) -> LinkSnapshot | None:
+    """The node's link counters now (bounded; a node whose counters cannot be read just has none)."""
+    snap, why = bounded(lambda: deps.links(ctx.node), settings.hooks.files_timeout_s, "link counters read")
+    if why:
+        notes.append(why)
+    return snap if isinstance(snap, LinkSnapshot) else None
 
 
 def _quarantine_check(node: str, settings: Settings, deps: Deps, notes: list[str]) -> tuple[str | None, str]:
@@ -355,7 +369,8 @@ def run_prolog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
         _write_json(settings.prolog_record_path(ctx.job_id, ctx.node), {
             "job_id": ctx.job_id, "node": ctx.node, "time": facts.time, "passed": not node_findings,
             "findings": [f.to_dict() for f in node_findings], "job_findings": [f.to_dict() for f in job_findings],
-            "notes": list(facts.notes)}, deps)
+            "notes": list(facts.notes), **({"links": facts.links.to_dict()} if facts.links is not None else {})},
+            deps)
     for finding in job_findings:
         deps.log(f"{label}: JOB FAIL {finding.category.value}: {finding.evidence} (the job's own path: "
                  "the job is stopped, the node stays in service)")
@@ -451,9 +466,19 @@ def gather_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> NodeReport
             notes.extend(file_notes)
     elif ctx.run_dir:
         notes.append("SLURM_JOB_UID not set: error files not read")
+    losses = _link_losses(ctx, settings, deps, notes)
     return NodeReport(job_id=ctx.job_id or 0, node=ctx.node, time=now, nvml=snap, kmsg_xids=tuple(xids),
                       error_files=tuple(errors), exit_code=ctx.exit_code, exit_signal=ctx.exit_signal,
-                      notes=tuple(notes))
+                      notes=tuple(notes), link_losses=tuple(loss.to_dict() for loss in losses))
+
+
+def _link_losses(ctx: JobContext, settings: Settings, deps: Deps, notes: list[str]) -> tuple[LinkLoss, ...]:
+    """The node's links that went down while the job ran: its counters now against the prolog's reading."""
+    before = LinkSnapshot.from_dict(_prolog_record(ctx, settings).get("links"))
+    if before is None:
+        return ()
+    after = _read_links(ctx, settings, deps, notes)
+    return link_losses(before, after) if after is not None else ()
 
 
 def _prolog_record(ctx: JobContext, settings: Settings) -> dict[str, Any]:
@@ -512,6 +537,8 @@ def run_epilog(ctx: JobContext, settings: Settings, deps: Deps) -> int:
             deps.log(f"{label}: the prolog already failed this node for the job: no second strike")
         else:
             _quarantine_node(ctx, findings, settings, deps, source="epilog")
+    elif report.link_losses:
+        _strike_link(ctx, tuple(LinkLoss.from_dict(d) for d in report.link_losses), settings, deps, label)
     deps.log(f"{label}: report written ({len(report.error_files)} error files, {len(report.kmsg_xids)} Xids)")
     return 0
 
@@ -555,6 +582,23 @@ def _quarantine_node(ctx: JobContext, findings: list[Finding], settings: Setting
             deps.log(f"slurm-ft {source} node={ctx.node}: {outcome.value}")
     except SlurmFtError as exc:
         deps.log(f"slurm-ft {source} node={ctx.node}: could not quarantine: {exc}")
+
+
+def _strike_link(ctx: JobContext, losses: tuple[LinkLoss, ...], settings: Settings, deps: Deps, label: str) -> None:
+    """A link of this node went down while the job ran (its own counters): one ``network`` strike, never a drain by
+    itself (a soft strike: the quarantine drains only a node that keeps doing it). Without a local store there is
+    nothing to count strikes in: the report keeps it."""
+    evidence = losses_text(losses)
+    if not settings.hooks.use_quarantine_store:
+        deps.log(f"{label}: network: {evidence} (no local quarantine store: in the report only, no strike)")
+        return
+    try:
+        state = _quarantine(settings, deps, with_client=True).strike(ctx.node, Category.NETWORK, evidence,
+                                                                     ctx.job_id, source="epilog")
+    except SlurmFtError as exc:
+        deps.log(f"{label}: could not strike for {evidence}: {exc}")
+        return
+    deps.log(f"{label}: STRIKE network: {evidence} -> {state.value}")
 
 
 def _write_json(path: Path, payload: dict[str, Any], deps: Deps) -> None:

@@ -14,6 +14,9 @@ Layout under the run directory (``$SLURM_FT_RUN_DIR``, default ``<ckpt_dir>/.slu
 - ``gpu.rank<R>.json``: the GPU the launcher bound the rank to (``GpuBinding``: the ``CUDA_VISIBLE_DEVICES`` it
   got, the GPU's NVML index, UUID and PCI bus id), written by the per-rank wrapper at the rank's start; the
   topology check compares it with the rank's previous attempt's (``attempt-<N>/gpu.rank<R>.json``).
+- ``links.start.<node>.json``, ``links.probe.<node>.json``: the node's link counters (``slurm_ft.health.links``) as
+  its first rank started (the per-rank wrapper) and in the probe step after a failed or hung attempt; a counter that
+  grew in between names the node whose link went down (``slurm_ft.launch.links``).
 - ``reclaim.<node>.json``: after a failed attempt, whether that node's GPUs let go of the attempt's processes
   within the launcher's bound (``slurm_ft.launch.reclaim``), written by a helper on the node.
 - ``trace.rank<R>.json``: the rank's collectives as torch's flight recorder saw them (``TORCH_FR_BUFFER_SIZE``):

@@ -2,7 +2,8 @@
 
 A node report (written by the epilog, read by the monitor) lives at
 ``<state_dir>/reports/<job_id>/<node>.json`` and is ``NodeReport.to_dict()``. The prolog leaves
-``<state_dir>/prolog/<job_id>/<node>.json``: ``{"job_id", "node", "time", "passed", "findings": [...], "notes"}``.
+``<state_dir>/prolog/<job_id>/<node>.json``: ``{"job_id", "node", "time", "passed", "findings": [...], "notes",
+"links"}`` (``links``: the node's link counters as the job started, ``slurm_ft.health.links.LinkSnapshot``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class NodeReport:
     notes: tuple[str, ...] = ()  # what could not be gathered, and why
     exit_signal: int | None = None  # the signal that ended the job script (SLURM_JOB_EXIT_CODE2 "<exit>:<sig>")
     health: tuple[dict[str, str], ...] = ()  # the epilog's own node-health findings: {category, check, evidence}
+    link_losses: tuple[dict[str, Any], ...] = ()  # links that went down while the job ran (health.links.LinkLoss)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,6 +140,7 @@ class NodeReport:
             notes=tuple(data.get("notes", ())),
             exit_signal=data.get("exit_signal"),
             health=tuple(dict(h) for h in data.get("health", ())),
+            link_losses=tuple(dict(x) for x in data.get("link_losses", ())),
         )
 
 

@@ -175,7 +175,8 @@ def untbf_commands(node: NodeHost) -> list[list[str]]:
 def holder_script(node: NodeHost, *, shared: Sequence[Path], hosts_path: Path, final_argv: Sequence[str]) -> str:
     """The node's setup, run as pid 1 of its fresh PID/mount/UTS namespaces: park the shared dirs under a tmpfs
     on ``/mnt``, cover ``/tmp``, ``/dev/shm`` and ``/run`` with private tmpfs, move the shared dirs back to their
-    paths, bind the lab hosts file over ``/etc/hosts``, set the hostname, exec ``final_argv``."""
+    paths, mount the node's own sysfs (``own_sysfs_lines``), bind the lab hosts file over ``/etc/hosts``, set the
+    hostname, exec ``final_argv``."""
     q = shlex.quote
     lines = ["set -e", f"mount -t tmpfs -o size=1m,mode=700 sft-stage {STAGE}"]
     for i, path in enumerate(shared):
@@ -184,9 +185,18 @@ def holder_script(node: NodeHost, *, shared: Sequence[Path], hosts_path: Path, f
               for d in PRIVATE_TMPFS]
     for i, path in enumerate(shared):
         lines += [f"mkdir -p {q(str(path))}", f"mount --move {STAGE}/s{i} {q(str(path))}"]
+    lines += own_sysfs_lines()
     lines += [f"umount {STAGE}", f"mount --bind {q(str(hosts_path))} /etc/hosts", f"hostname {q(node.name)}",
               "exec " + " ".join(q(a) for a in final_argv)]
     return "\n".join(lines) + "\n"
+
+
+def own_sysfs_lines() -> list[str]:
+    """A sysfs of the node's own network namespace over ``/sys`` (as ``ip netns exec`` mounts one), so
+    ``/sys/class/net`` lists the node's interfaces and their link counters (``slurm_ft.health.links``), not the
+    machine's; the machine's cgroup tree (slurmd needs it) is parked on the stage and moved back on top."""
+    return [f"mkdir {STAGE}/cgroup", f"mount --rbind /sys/fs/cgroup {STAGE}/cgroup",
+            "mount -t sysfs sft-sysfs /sys", f"mount --move {STAGE}/cgroup /sys/fs/cgroup"]
 
 
 def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
@@ -195,9 +205,10 @@ def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
 
 
 def holder_argv(node: NodeHost, script: str) -> list[str]:
-    """Start a node: its network namespace (entered with nsenter, not ``ip netns exec``, which remounts /sys
-    and so hides /sys/fs/cgroup, which slurmd needs), then fresh PID (the script is its pid 1), mount and UTS
-    namespaces, a fresh /proc; ``--kill-child``: the node dies with the unshare that started it."""
+    """Start a node: its network namespace (entered with nsenter, not ``ip netns exec``, whose fresh /sys hides
+    /sys/fs/cgroup, which slurmd needs; the setup script mounts a sysfs that keeps it), then fresh PID (the script is
+    its pid 1), mount and UTS namespaces, a fresh /proc; ``--kill-child``: the node dies with the unshare that
+    started it."""
     return ["nsenter", f"--net={NETNS_DIR}/{node.netns}", "unshare", "--pid", "--fork", "--mount", "--uts",
             "--kill-child", "--mount-proc", "/bin/sh", "-c", script, f"{HOLDER_TAG}-setup"]
 

@@ -25,6 +25,7 @@ from slurm_ft.launch import launcher
 from slurm_ft.launch import preempt as launch_preempt
 from slurm_ft.launch.hang import gather_on_nodes
 from slurm_ft.launch.launcher import LaunchConfig, Launcher, StoreHost, Waker, command_python
+from slurm_ft.launch.links import probe_command
 from slurm_ft.launch.probe import ProbeConfig, probe_nodes
 from slurm_ft.launch.rank_env import is_torchrun
 from slurm_ft.launch.reclaim import ReclaimConfig, Reclaimed, reclaim_on_nodes
@@ -199,7 +200,8 @@ def _main(args: argparse.Namespace) -> int:
         return {n.name: n for n in client.nodes()} if client is not None else {}
 
     def probe(nodes: Sequence[str]) -> dict[str, str]:
-        return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s))
+        return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s,  # + link counters
+                                                       node_command=probe_command(sys.executable, config.run_dir)))
 
     def requeue() -> None:
         if client is None or not job_id.isdigit():

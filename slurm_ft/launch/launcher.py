@@ -85,6 +85,7 @@ from slurm_ft.core.taxonomy import Category
 from slurm_ft.health.jobfiles import latest_step
 from slurm_ft.launch import bell as fault_bell
 from slurm_ft.launch.hang import rank_states
+from slurm_ft.launch.links import LINKS_GLOB
 from slurm_ft.launch.preempt import PreemptConfig, requeue_job
 from slurm_ft.launch.rank_env import nccl_defaults, wire
 from slurm_ft.launch.reclaim import Reclaimed, gpus_in_use
@@ -948,7 +949,7 @@ class Launcher:
     def _archive(self, name: str) -> None:
         """Move the heartbeats and error files in the run dir (the last attempt's) to ``<run_dir>/<name>/``."""
         patterns = (HEARTBEAT_GLOB, ERROR_GLOB, END_GLOB, HANG_GLOB, STACK_GLOB, GPU_GLOB, RECLAIM_GLOB, TRACE_GLOB,
-                    NCCL_TRACE_GLOB)
+                    NCCL_TRACE_GLOB, LINKS_GLOB)
         found = [p for pattern in patterns for p in self.config.run_dir.glob(pattern)
                  if p.is_file() and not p.is_symlink()]
         if not found:

@@ -18,6 +18,8 @@ from typing import Protocol
 
 from slurm_ft.core.config import require
 
+NAME_COMMAND = ("printenv", "SLURMD_NODENAME")  # the probe step's task on each node: prints its name
+
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeConfig:
@@ -27,11 +29,16 @@ class ProbeConfig:
     """How long a node may take to run one ``true`` step (``--probe-timeout``); 0: no probe."""
     poll_s: float = 0.05
     """Seconds between two looks at the probe steps."""
+    node_command: tuple[str, ...] = NAME_COMMAND
+    """What each node runs in the step across all of them; it prints the node's name (the launcher's: also records
+    the node's link counters, ``slurm_ft.launch.links``)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.timeout_s, (int, float)) and 0 <= self.timeout_s <= 600, "timeout_s",
                 f"must be within [0, 600] seconds (--probe-timeout), got {self.timeout_s!r}")
         require(self.poll_s > 0, "poll_s", f"must be > 0, got {self.poll_s!r}")
+        require(bool(self.node_command) and all(isinstance(a, str) for a in self.node_command), "node_command",
+                f"must be a non-empty argument list, got {self.node_command!r}")
 
 
 class ProbeProcess(Protocol):
@@ -44,11 +51,11 @@ Spawn = Callable[[Sequence[str], Mapping[str, str]], ProbeProcess]
 Run = Callable[[Sequence[str], Mapping[str, str], float], str]  # argv, env, timeout -> stdout (raises OSError)
 
 
-def fan_out_argv(nodes: Sequence[str]) -> list[str]:
-    """One task on each of ``nodes`` in one step, printing its node's name; a failed task does not end the rest."""
+def fan_out_argv(nodes: Sequence[str], command: Sequence[str] = NAME_COMMAND) -> list[str]:
+    """One task on each of ``nodes`` in one step, running ``command`` (it prints its node's name); a failed task
+    does not end the rest."""
     return ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
-            f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", "--kill-on-bad-exit=0",
-            "printenv", "SLURMD_NODENAME"]
+            f"--nodelist={','.join(nodes)}", "--overlap", "--quiet", "--kill-on-bad-exit=0", *command]
 
 
 def probe_argv(node: str) -> list[str]:
@@ -73,10 +80,11 @@ def _run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> str:
     return done.stdout
 
 
-def answered(nodes: Sequence[str], env: Mapping[str, str], timeout_s: float, run: Run = _run) -> set[str]:
+def answered(nodes: Sequence[str], env: Mapping[str, str], timeout_s: float, run: Run = _run,
+             command: Sequence[str] = NAME_COMMAND) -> set[str]:
     """The nodes that ran a task of one step across all of them within ``timeout_s`` (none when srun fails)."""
     try:
-        out = run(fan_out_argv(nodes), env, timeout_s)
+        out = run(fan_out_argv(nodes, command), env, timeout_s)
     except OSError:
         return set()
     return set(out.split()) & set(nodes)
@@ -91,7 +99,7 @@ def probe_nodes(nodes: Sequence[str], env: Mapping[str, str], config: ProbeConfi
     if config.timeout_s <= 0 or not nodes:
         return {}
     deadline = clock() + config.timeout_s
-    healthy = answered(nodes, env, config.timeout_s / 2, run) if len(nodes) > 1 else set()
+    healthy = answered(nodes, env, config.timeout_s / 2, run, config.node_command) if len(nodes) > 1 else set()
     return _probe_each([n for n in nodes if n not in healthy], env, deadline, config, spawn, clock, sleep)
 
 

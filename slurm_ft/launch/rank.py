@@ -5,7 +5,8 @@ It runs CMD as its child and, the moment the child ends, records how in ``<run_d
 cgroup while it ran, and the tail of its stderr (which it passes through unchanged). This is the evidence for a
 death no Python code sees (SIGKILL, SIGSEGV): the launcher's verdict names the rank that ended first. A bad end
 then rings the launcher's bell (``slurm_ft.launch.bell``): the launcher reads the record at once, not a poll later.
-At the start it records the GPU the rank was bound to (``slurm_ft.launch.gpus``), where it has one.
+At the start it records the GPU the rank was bound to (``slurm_ft.launch.gpus``), where it has one, and its node's
+link counters (``slurm_ft.launch.links``).
 
 Exit semantics are unchanged: it exits with the child's code, or dies of the child's signal (without a core dump
 of its own), so srun, ``--kill-on-bad-exit`` and the job's exit code see what they would have seen without it.
@@ -33,7 +34,7 @@ from typing import Any
 from slurm_ft.core import env as ft_env
 from slurm_ft.core import rundir as records
 from slurm_ft.health.cgroup import oom_kills
-from slurm_ft.launch import bell, gpus, standby
+from slurm_ft.launch import bell, gpus, links, standby
 
 TAIL_BYTES = 8192
 OUTLIVED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -139,6 +140,7 @@ def run(command: Sequence[str], environ: dict[str, str]) -> int:
     child, tee, how = _start(command, environ)
     if rank_text.isdigit():
         gpus.record_in_background(environ, int(rank_text))  # gpu.rank<R>.json, while the rank starts
+    links.record_start(environ)  # links.start.<node>.json: the node's link counters as the attempt starts
     while True:
         try:
             code = child.wait()

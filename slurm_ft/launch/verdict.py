@@ -2,10 +2,12 @@
 
 Evidence: the ranks' error files and end records (``slurm_ft.launch.rank``), a hung attempt's rank states
 (``slurm_ft.launch.hang``), the ranks' flight-recorder dumps (``slurm_ft.train.traces``: only the attempt's ranks,
-a node name only when it is one of the attempt's nodes), the nodes found unhealthy after it, and the GPUs that kept
-its processes past the launcher's wait (``slurm_ft.launch.reclaim``). ``root_cause`` picks the culprit rank, its
-node and the first line of its real error; ``paragraph`` is the few lines the launcher prints at the end of an
-attempt, so the real error is not lost under the secondary tracebacks of the ranks that failed because of it.
+a node name only when it is one of the attempt's nodes), the nodes found unhealthy after it, the GPUs that kept
+its processes past the launcher's wait (``slurm_ft.launch.reclaim``), and the links of its nodes that went down
+while it ran (their counters at its start and in the probe after it: ``slurm_ft.launch.links``). ``root_cause``
+picks the culprit rank, its node and the first line of its real error; ``paragraph`` is the few lines the launcher
+prints at the end of an attempt, so the real error is not lost under the secondary tracebacks of the ranks that
+failed because of it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from slurm_ft.classify.records import Evidence, NodeEvent
 from slurm_ft.core.rundir import RankState, read_ends, read_errors, read_trace_dicts
 from slurm_ft.core.taxonomy import Verdict
 from slurm_ft.health.records import GpuHold
+from slurm_ft.launch import links
 
 PROBE_REASON = "slurm-ft launch: failed the probe step or marked unhealthy by Slurm after the attempt"
 
@@ -32,7 +35,7 @@ def attempt_evidence(run_dir: Path, *, hang: Sequence[RankState] = (), sick: Ite
     events = tuple(NodeEvent(name=n, state=frozenset({"NOT_RESPONDING"}), reason=PROBE_REASON) for n in sorted(sick))
     return Evidence(errors=tuple(read_errors(run_dir)), ends=tuple(read_ends(run_dir)), hang=tuple(hang),
                     nodes=events, traces=attempt_traces(run_dir, nodes=nodes, ranks=ranks), in_allocation=True,
-                    held_gpus=tuple(held))
+                    held_gpus=tuple(held), links=links.losses(run_dir, nodes) if nodes is not None else ())
 
 
 def attempt_traces(run_dir: Path, *, nodes: Iterable[str] | None = None,

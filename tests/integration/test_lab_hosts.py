@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +22,11 @@ from pathlib import Path
 import pytest
 from labutil import wait_for
 
+from slurm_ft.cluster.quarantine import Quarantine, QuarantineStore, default_db_path
 from slurm_ft.lab import faults, hosts, ports, procs
 from slurm_ft.lab.cluster import LabCluster, LabConfig
+from slurm_ft.launch import links
+from slurm_ft.launch.probe import ProbeConfig, probe_nodes
 
 pytestmark = pytest.mark.lab
 
@@ -95,9 +99,16 @@ def _reaches(lab: LabCluster, src: str, dst: str) -> bool:
     return line[0][1] == "reach"
 
 
+def _carrier_changes(lab: LabCluster) -> dict[str, int]:
+    """Each node's ``/sys/class/net/eth0/carrier_changes``, read on the node itself."""
+    lines = _srun(lab, "-N3", "sh", "-c", "echo $(hostname) $(cat /sys/class/net/eth0/carrier_changes)")
+    return {name: int(count) for name, count in (line.split() for _, line in lines)}
+
+
 def test_link_down_cuts_the_node_off_until_link_up(hosts_lab):
     n3 = hosts_lab.host_plan.node("n3").addr
     assert ports.can_connect(hosts.SLURMD_PORT, n3) and _reaches(hosts_lab, "n1", "n3")
+    before = _carrier_changes(hosts_lab)
     faults.link_down(hosts_lab, "n3")
     try:
         assert not ports.can_connect(hosts.SLURMD_PORT, n3)  # not from the controller's host
@@ -108,6 +119,42 @@ def test_link_down_cuts_the_node_off_until_link_up(hosts_lab):
     wait_for(lambda: ports.can_connect(hosts.SLURMD_PORT, n3), 15, message="n3 reachable after link-up")
     # n1's neighbour entry for n3 failed while the cable was out: it is re-learnt on a later try, not at once
     wait_for(lambda: _reaches(hosts_lab, "n1", "n3"), 15, interval=1.0, message="n3 reachable from n1 after link-up")
+    # each node sees its own interface's counters (a sysfs of its own): the pulled cable is counted on n3 alone
+    after = _carrier_changes(hosts_lab)
+    assert after == {**before, "n3": before["n3"] + 2}
+
+
+def test_a_flap_is_named_by_the_jobs_link_counters_and_struck_once_by_the_epilog(hosts_lab):
+    """The pieces a link-flap verdict rests on, on real hosts: the rank wrapper's start reading, the probe step's
+    reading after the cable came back (n3's counter grew, no other node's), and the epilog's own: one network
+    strike for n3, no drain."""
+    run_dir = hosts_lab.dir / f"run-{uuid.uuid4().hex}"
+    run_dir.mkdir()
+    env = {**os.environ, **hosts_lab.env(), "SLURM_FT_RUN_DIR": str(run_dir)}
+    nodes = ["n1", "n2", "n3"]
+    task = f"echo $SLURM_JOB_ID; exec {sys.executable} -m slurm_ft.launch.rank -- sleep 6"
+    job = subprocess.Popen(["srun", "-N3", "--ntasks-per-node=1", "sh", "-c", task], env=env, cwd=hosts_lab.dir,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_for(lambda: all(links.read(run_dir, links.START, n) for n in nodes), 30, message="start readings")
+        faults.link_down(hosts_lab, "n3")
+        time.sleep(2)  # shorter than SlurmdTimeout: Slurm does not notice
+    finally:
+        faults.link_up(hosts_lab, "n3")
+        out, _ = job.communicate(timeout=60)
+    job_id = int(out.split()[0])
+    config = ProbeConfig(timeout_s=20, node_command=links.probe_command(sys.executable, run_dir))
+    assert wait_for(lambda: probe_nodes(nodes, env, config) == {}, 30, interval=1.0, message="n3 answers again")
+    (loss,) = links.losses(run_dir, nodes)
+    assert (loss.node, loss.interface, loss.counter, loss.after - loss.before) == ("n3", "eth0", "carrier_down_count",
+                                                                                   1)
+    store = Quarantine(QuarantineStore(default_db_path(hosts_lab.state_dir)))
+    def strikes(node: str) -> list:  # this job's (a job of an earlier test may have been ending on n3 then)
+        return [s for s in store.strikes(node) if s.job_id == job_id]
+
+    (strike,) = wait_for(lambda: strikes("n3"), 30, message="the epilog's strike")
+    assert (strike.category, strike.source) == ("network", "epilog") and "link eth0 went down" in strike.evidence
+    assert not store.is_quarantined("n3") and strikes("n1") == strikes("n2") == []
 
 
 def test_slow_link_throttles_both_ends_of_the_cable_until_lifted(hosts_lab):

@@ -4,6 +4,7 @@ checks hold on the right evidence and fail on the wrong; both need ``--hosts``."
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,11 +24,15 @@ from slurm_ft.slurm.types import JobInfo, JobState
 
 
 class _Quarantine:
-    def __init__(self, *nodes: str) -> None:
+    def __init__(self, *nodes: str, struck: tuple[tuple[str, int, str], ...] = ()) -> None:
         self.nodes = set(nodes)
+        self.struck = struck  # (node, job id, category)
 
     def is_quarantined(self, node: str) -> bool:
         return node in self.nodes
+
+    def strikes(self, node: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(job_id=job, category=cat) for name, job, cat in self.struck if name == node]
 
 
 def _final(restarts: int = 0, excluded: tuple[str, ...] = ()) -> JobInfo:
@@ -81,16 +86,24 @@ def test_link_down_checks():
 
 
 def test_link_flap_checks():
-    run = Run(name="link-flap", ckpt=Path("/c"), victim="n2", final=_final())
+    run = Run(name="link-flap", ckpt=Path("/c"), victim="n2", final=_final(), job_id=3)
     same = _starts(("n1", "n2"), ("n1", "n2"))
-    assert all(held for _, held in link_checks(run, _timing(6.0), same, _Quarantine()))
+    struck = _Quarantine(struck=(("n2", 3, "network"), ("n2", 1, "hang")))
+    assert all(held for _, held in link_checks(run, _timing(6.0), same, struck))
     failed = [what for what, held in link_checks(run, _timing(6.0), _starts(("n1", "n2"), ("n1", "n3")),
                                                  _Quarantine("n2")) if not held]
-    assert failed == ["recovered in place on the same nodes", "n2 not quarantined"]
-    flap = {"category": "hang", "culprit": {"nodes": [], "ranks": []}}
+    assert failed == ["recovered in place on the same nodes", "n2 struck once (network, its epilog's own link "
+                      "counters)", "n2 not quarantined"]
+    flap = {"category": "network", "recoverable": True, "culprit": {"nodes": ["n2"], "ranks": []},
+            "evidence": ["n2: link eth0 went down: carrier_down_count 1 -> 2 (+1)"]}
     assert all(held for _, held in culprit_checks(run, [], flap))
-    blamed = {"category": "hang", "culprit": {"nodes": ["n1"], "ranks": [0]}}
-    assert [w for w, held in culprit_checks(run, [], blamed) if not held] == ["no other node blamed"]
+    unnamed = {"category": "hang", "recoverable": True, "culprit": {"nodes": [], "ranks": []}, "evidence": []}
+    assert [w for w, held in culprit_checks(run, [], unnamed) if not held] == [
+        "culprit n2 only", "network, recoverable", "the link's counter in the evidence"]
+    blamed = {"category": "network", "recoverable": True, "culprit": {"nodes": ["n1"], "ranks": []},
+              "evidence": ["n1: link eth0 went down: carrier_down_count 1 -> 2 (+1)"]}
+    assert [w for w, held in culprit_checks(run, [], blamed) if not held] == [
+        "culprit n2 only", "the link's counter in the evidence"]
 
 
 def test_slow_link_must_run_on_without_a_fault_verdict():

@@ -14,7 +14,8 @@ def test_the_culprit_is_the_faulted_node_or_rank_1_on_its_node():
     assert culprit_right("link-down", "n4", "n4", _verdict(["n3", "n4"])).startswith("no (")
     assert culprit_right("kill-rank", "", "n2", _verdict(["n2"], [1])) == "yes"
     assert culprit_right("hang", "", "n2", _verdict([], [0])).startswith("no (")
-    assert culprit_right("link-flap", "n3", "n3", _verdict([])) == "none named"
+    assert culprit_right("link-flap", "n3", "n3", _verdict(["n3"])) == "yes"  # its link counters name it
+    assert culprit_right("link-flap", "n3", "n3", _verdict([])) == "no (none named)"
     assert culprit_right("link-flap", "n3", "n3", _verdict(["n2"])).startswith("no (")
     assert culprit_right("slow-link", "n3", "n3", None) == "yes (none named)"
 

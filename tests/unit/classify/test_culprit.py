@@ -133,3 +133,20 @@ def test_hang_names_only_the_stuck_rank(state, live, step, culprit):
     verdict = classify(Evidence(hang=states, in_allocation=True))
     assert verdict.category is Category.HANG
     assert verdict.culprit.ranks == culprit and verdict.culprit.nodes == (("n2",) if culprit else ())
+
+
+def test_a_link_that_went_down_names_its_node_over_the_ranks_network_errors_but_not_over_a_time_limit():
+    from slurm_ft.classify.records import JobEnd
+    from slurm_ft.health.links import LinkLoss
+
+    loss = LinkLoss(node="n2", interface="mlx5_0/1", counter="link_downed", before=0, after=1)
+    errors = tuple(ErrorRecord(rank=r, host=h, time=5.0 + r, exc_type="torch.distributed.DistBackendError",
+                               message="NCCL communicator was aborted: remote process exited or there was a network "
+                               "error") for r, h in ((0, "n1"), (1, "n2")))
+    verdict = classify(Evidence(errors=errors, links=(loss,), in_allocation=True))
+    assert (verdict.category, verdict.culprit.nodes, verdict.culprit.ranks) == (Category.NETWORK, ("n2",), ())
+    assert verdict.evidence[0] == "n2: link mlx5_0/1 went down: link_downed 0 -> 1 (+1)"
+    other = LinkLoss(node="n9", interface="eth0", counter="carrier_changes", before=2, after=3)
+    assert classify(Evidence(job=JobEnd(state="FAILED", nodes=("n1", "n2")), links=(other,))).culprit.nodes == ()
+    timed_out = classify(Evidence(job=JobEnd(state="TIMEOUT", nodes=("n1", "n2")), links=(loss,)))
+    assert timed_out.category is Category.TIME_LIMIT

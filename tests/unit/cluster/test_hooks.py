@@ -14,6 +14,7 @@ from slurm_ft.cluster.quarantine import NodeState, Quarantine, QuarantineStore
 from slurm_ft.core.config import SiteConfig
 from slurm_ft.core.rundir import ErrorRecord, write_error
 from slurm_ft.health.kmsg import TextLines
+from slurm_ft.health.links import SysfsLinks
 from slurm_ft.health.nvml import NvmlProbe
 from slurm_ft.health.nvml_fake import FakeNvml
 from slurm_ft.health.records import NodeReport, XidEvent
@@ -62,11 +63,19 @@ class Env:
         self.fake = fake
         self.kmsg = ""
         self.statvfs = os.statvfs
+        self.sys = tmp / "sys"  # the node's /sys: link counters (none unless a test writes them)
 
     def deps(self) -> Deps:
         return Deps(probe=lambda node: NvmlProbe(FakeNvml.from_file(DATA / f"{self.fake}.fake.json")).snapshot(node),
                     client=lambda: self.slurm, log=self.lines.append, statvfs=lambda p: self.statvfs(p),
-                    kmsg_sources=[TextLines(self.kmsg)])
+                    kmsg_sources=[TextLines(self.kmsg)], links=SysfsLinks(self.sys).read)
+
+    def link(self, changes: int, downs: int) -> None:
+        """Set the node's eth0 link counters."""
+        folder = self.sys / "class/net/eth0"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "carrier_changes").write_text(f"{changes}\n")
+        (folder / "carrier_down_count").write_text(f"{downs}\n")
 
     def run(self, kind: str, environ: dict[str, str], **kwargs) -> int:
         return run_hook(kind, config=str(self.config), environ=environ, deps=self.deps(), **kwargs)
@@ -386,3 +395,33 @@ def test_the_epilog_removes_only_the_job_user_s_memory_tier_dir(lab: Env, users,
     os.lchown(root / "slurm-ft-8", attacker.uid, attacker.gid)
     run_hook("epilog", config=str(lab.config), environ=job_env(job=8, SLURM_JOB_UID=str(attacker.uid)), deps=deps)
     assert (precious / "step_00000001.rank_00000.snap").exists()
+
+
+def test_a_link_that_went_down_during_the_job_strikes_the_node_once_and_never_drains_it(lab: Env) -> None:
+    lab.link(2, 1)
+    assert lab.run("prolog", job_env()) == 0
+    assert json.loads((lab.state / "prolog" / "7" / "n1.json").read_text())["links"]["links"] == {
+        "eth0": {"carrier_changes": 2, "carrier_down_count": 1}}
+    lab.link(4, 2)  # the cable out and back in while the job ran
+    assert lab.run("epilog", job_env()) == 0
+    report = NodeReport.from_dict(json.loads((lab.state / "reports" / "7" / "n1.json").read_text()))
+    assert report.link_losses == ({"node": "n1", "interface": "eth0", "counter": "carrier_down_count", "before": 1,
+                                   "after": 2},)
+    (strike,) = lab.quarantine().strikes("n1")
+    assert (strike.category, strike.job_id, strike.source) == ("network", 7, "epilog")
+    assert strike.evidence == "n1: link eth0 went down: carrier_down_count 1 -> 2 (+1)"
+    assert lab.quarantine().state("n1") is NodeState.HEALTHY and lab.slurm.calls == []  # struck, not drained
+    assert "STRIKE network: n1: link eth0 went down" in lab.lines[-2]
+
+
+def test_a_steady_link_gives_no_strike_and_without_a_store_a_flap_is_only_reported(tmp_path: Path) -> None:
+    lab = Env(tmp_path, extra="[hooks]\nuse_quarantine_store = false\n")
+    lab.link(2, 1)
+    assert lab.run("prolog", job_env()) == 0 and lab.run("epilog", job_env()) == 0
+    assert NodeReport.from_dict(json.loads((lab.state / "reports" / "7" / "n1.json").read_text())).link_losses == ()
+    lab.link(3, 2)
+    assert lab.run("prolog", job_env(job=8)) == 0
+    lab.link(5, 3)
+    assert lab.run("epilog", job_env(job=8)) == 0
+    assert "in the report only, no strike" in " ".join(lab.lines) and lab.slurm.calls == []
+    assert not (lab.state / "quarantine.db").exists()

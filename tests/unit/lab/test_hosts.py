@@ -114,6 +114,9 @@ def test_holder_script_covers_tmp_run_shm_and_brings_shared_dirs_back():
     moved = lines.index("mount --move /mnt/s0 '/tmp/lab a'")
     assert parked < min(covered) and max(covered) < moved
     assert "mount --move /mnt/s1 /run/slurm-ft/x" in lines
+    sysfs = lines.index("mount -t sysfs sft-sysfs /sys")  # its own network namespace's /sys/class/net
+    assert lines.index("mount --rbind /sys/fs/cgroup /mnt/cgroup") < sysfs < lines.index(
+        "mount --move /mnt/cgroup /sys/fs/cgroup") < lines.index("umount /mnt")
     assert lines[-4:] == ["umount /mnt", "mount --bind '/tmp/lab a/hosts' /etc/hosts", "hostname n2",
                           "exec python3 -c pass"]
 

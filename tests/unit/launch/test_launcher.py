@@ -1154,3 +1154,49 @@ def test_records_from_a_node_outside_the_attempt_are_not_its_ranks(tmp_path):
     assert launcher.run() == 0
     assert len(runner.calls) == 1
     assert "fault_detected" not in [e["event"] for e in events(tmp_path)]
+
+
+def _tree(root, changes: int, downs: int):
+    """A node's /sys with eth0's link counters."""
+    folder = root / "class/net/eth0"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "carrier_changes").write_text(f"{changes}\n")
+    (folder / "carrier_down_count").write_text(f"{downs}\n")
+    return root
+
+
+class FlappedLink(Script):
+    """A fake srun whose ranks record their nodes' link counters at the start, then hang (both waiting)."""
+
+    def poll(self):
+        from slurm_ft.launch import links
+
+        if self.polls == 0:
+            for node in ("n1", "n2"):
+                links.record(self.run_dir, links.START, node, links.SysfsLinks(_tree(self.run_dir.parent / node, 2, 1)))
+        return super().poll()
+
+
+def test_a_hang_while_a_nodes_link_flapped_names_that_node_and_restarts_in_place(tmp_path):
+    from slurm_ft.launch import links
+
+    run = tmp_path / "run"
+
+    def probe(nodes):  # the probe step: each node records its counters; n2's cable was out and is back
+        _tree(tmp_path / "n2", 4, 2)
+        for node in nodes:
+            links.record(run, links.PROBE, node, links.SysfsLinks(tmp_path / node))
+        return {}
+
+    launcher, runner, _ = make(tmp_path, [FlappedLink(run, hang_after=2), Script(run)], probe=probe,
+                               classify_fn=classify)
+    assert launcher.run() == 0
+    (verdict,) = [e["verdict"] for e in events(tmp_path) if e["event"] == "verdict"]
+    assert (verdict["category"], verdict["action"], verdict["culprit"]["nodes"]) == (
+        "network", "restart_in_place", ["n2"])
+    assert "n2: link eth0 went down: carrier_down_count 1 -> 2 (+1)" in verdict["evidence"]
+    assert [e["event"] for e in events(tmp_path)].count("restart_in_place") == 1
+    assert "--nodelist=n1,n2" in runner.calls[1][0]  # the same nodes
+    assert runner.calls[1][1]["SLURM_FT_RESTART_CAUSE"] == "network"
+    assert (run / "attempt-1" / "links.start.n2.json").exists()  # the next attempt takes its own reading
+    assert not (run / "links.probe.n2.json").exists()

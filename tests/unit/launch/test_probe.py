@@ -108,3 +108,18 @@ def test_no_srun_blames_nobody_and_zero_timeout_is_off():
 def test_config_names_the_field():
     with pytest.raises(ConfigError, match="timeout_s"):
         ProbeConfig(timeout_s=-1)
+
+
+def test_the_step_across_the_nodes_runs_the_configured_command():
+    seen = []
+
+    def run(argv, env, timeout_s):
+        seen.append(argv)
+        return "n1\nn2\n"
+
+    command = ("python3", "-m", "slurm_ft.launch.links", "--run-dir", "/r")
+    assert probe_nodes(["n1", "n2"], {}, ProbeConfig(timeout_s=4, node_command=command), run=run,
+                       spawn=lambda a, e: (_ for _ in ()).throw(AssertionError(a))) == {}
+    assert seen == [fan_out_argv(["n1", "n2"], command)] and seen[0][-5:] == list(command)
+    with pytest.raises(ValueError, match="node_command"):
+        ProbeConfig(node_command=())

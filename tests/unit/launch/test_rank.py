@@ -117,3 +117,11 @@ def test_a_bad_end_rings_the_launchers_bell_and_a_clean_one_does_not(tmp_path):
             assert bell.wait(0.5) is rings, code
     finally:
         bell.close()
+
+
+def test_the_wrapper_records_its_nodes_link_counters_at_the_start(tmp_path):
+    from slurm_ft.launch import links
+
+    assert _wrapped(tmp_path, "pass").returncode == 0
+    reading = links.read(tmp_path, links.START, "n7")  # this machine's counters, as node n7's
+    assert reading is not None and reading.node == "n7"

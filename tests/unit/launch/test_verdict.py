@@ -60,3 +60,24 @@ def test_the_dumps_name_only_the_attempts_ranks_and_nodes(tmp_path):
     os.symlink(elsewhere / "t.json", tmp_path / "trace.rank3.json")  # a link is no file of the rank's
     (tmp_path / "trace.rank4.json").write_text("{torn")
     assert [t.rank for t in attempt_traces(tmp_path)] == [0, 1, 7]
+
+
+def test_a_link_that_went_down_while_both_ranks_waited_names_its_node(tmp_path):
+    from slurm_ft.health.links import LinkCounters, LinkSnapshot
+    from slurm_ft.launch import links
+
+    def reading(node: str, changes: int, downs: int) -> dict:
+        return LinkSnapshot(node=node, time=1.0, links=(LinkCounters(
+            interface="eth0", counters={"carrier_changes": changes, "carrier_down_count": downs}),)).to_dict()
+
+    for node, when, counts in (("n1", links.START, (2, 1)), ("n2", links.START, (2, 1)),
+                               ("n1", links.PROBE, (2, 1)), ("n2", links.PROBE, (4, 2))):
+        links.links_path(tmp_path, when, node).write_text(json.dumps(reading(node, *counts)))
+    states = (RankState(rank=0, host="n1", state="S", live=True, step=10, in_collective=True),
+              RankState(rank=1, host="n2", state="S", live=True, step=10, in_collective=True))
+    verdict = classify(attempt_evidence(tmp_path, hang=states, nodes=["n1", "n2"], ranks=[0, 1]))
+    assert (verdict.category.value, verdict.recoverable, verdict.action.value) == ("network", True,
+                                                                                  "restart_in_place")
+    assert verdict.culprit.nodes == ("n2",) and verdict.culprit.ranks == ()
+    assert verdict.evidence[0] == "n2: link eth0 went down: carrier_down_count 1 -> 2 (+1)"
+    assert verdict.attested_nodes == ()  # the job's own reading: it names the node, never strikes it

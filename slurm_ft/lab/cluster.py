@@ -452,7 +452,8 @@ class LabCluster:
             shared.append(socket_dir)
         final = hosts.holder_final_argv(sys.executable, node, self.dir)
         script = hosts.holder_script(node, shared=shared, hosts_path=self.hosts_path, final_argv=final)
-        self._spawn(state, f"host-{name}", hosts.holder_argv(node, script), self._daemon_env(), final_argv=final)
+        argv = hosts.holder_argv(node, script, machine_uptime_s=hosts.machine_uptime(Path("/proc/uptime").read_text()))
+        self._spawn(state, f"host-{name}", argv, self._daemon_env(), final_argv=final)
         holder = self._find_daemon(f"host-{name}")
         if holder is None or not procs.is_running(holder):
             raise LabError(f"host {name} did not start; {self._log_tail(f'host-{name}')}")

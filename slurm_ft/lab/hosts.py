@@ -196,15 +196,16 @@ def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
     return [python, "-c", HOLDER_CODE, HOLDER_TAG, str(lab_dir), node.name]
 
 
-def holder_argv(node: NodeHost, script: str, *, machine_uptime_s: float) -> list[str]:
+def holder_argv(node: NodeHost, script: str, *, machine_uptime_s: float | None) -> list[str]:
     """Start a node: its network namespace (entered with nsenter, not ``ip netns exec``, which remounts /sys
     and so hides /sys/fs/cgroup, which slurmd needs), then fresh PID (the script is its pid 1), mount, UTS and
     time namespaces, a fresh /proc; ``--kill-child``: the node dies with the unshare that started it.
 
     The time namespace's boot clock starts at this start (offset: minus the machine's uptime, whole seconds), so
     the node's uptime (sysinfo, /proc/uptime) counts from its own boot: slurmd reports it, and slurmctld tells a
-    rebooted node (a boot time after its last response) from one whose slurmd merely restarted."""
-    boot = ["--time", "--boottime", str(-int(machine_uptime_s))]
+    rebooted node (a boot time after its last response) from one whose slurmd merely restarted. None: no time
+    namespace (a kernel without them, ``time_namespaces``): the node's uptime is the machine's."""
+    boot = [] if machine_uptime_s is None else ["--time", "--boottime", str(-int(machine_uptime_s))]
     return ["nsenter", f"--net={NETNS_DIR}/{node.netns}", "unshare", "--pid", "--fork", "--mount", "--uts", *boot,
             "--kill-child", "--mount-proc", "/bin/sh", "-c", script, f"{HOLDER_TAG}-setup"]
 
@@ -217,10 +218,16 @@ def machine_uptime(proc_uptime: str) -> float:
         raise ValueError(f"/proc/uptime: cannot read {proc_uptime!r}") from None
 
 
-def enter_argv(holder_pid: int, argv: Sequence[str]) -> list[str]:
-    """Run ``argv`` on the node whose holder is ``holder_pid`` (all its namespaces, its boot clock too; nsenter
-    forks into the PID namespace, so the program is nsenter's child)."""
-    return ["nsenter", "-t", str(holder_pid), "--net", "--mount", "--uts", "--pid", "--time", "--", *argv]
+def time_namespaces(proc_self_ns: Path = Path("/proc/self/ns")) -> bool:
+    """Whether this kernel has time namespaces (Linux 5.6+), so each node's boot clock can start at its boot."""
+    return (proc_self_ns / "time").exists()
+
+
+def enter_argv(holder_pid: int, argv: Sequence[str], *, time_ns: bool = True) -> list[str]:
+    """Run ``argv`` on the node whose holder is ``holder_pid`` (all its namespaces, its boot clock too where
+    ``time_ns``; nsenter forks into the PID namespace, so the program is nsenter's child)."""
+    clock = ["--time"] if time_ns else []
+    return ["nsenter", "-t", str(holder_pid), "--net", "--mount", "--uts", "--pid", *clock, "--", *argv]
 
 
 def controller_argv(hosts_path: Path, argv: Sequence[str]) -> list[str]:

@@ -119,6 +119,12 @@ def test_holder_script_covers_tmp_run_shm_and_brings_shared_dirs_back():
                           "exec python3 -c pass"]
 
 
+def test_time_namespaces_where_the_kernel_has_them(tmp_path):
+    assert not hosts.time_namespaces(tmp_path)
+    (tmp_path / "time").touch()
+    assert hosts.time_namespaces(tmp_path)
+
+
 def test_machine_uptime_from_proc_uptime():
     assert hosts.machine_uptime("12772.47 10380.61\n") == 12772.47
     with pytest.raises(ValueError, match="/proc/uptime: cannot read ''"):
@@ -131,11 +137,13 @@ def test_holder_and_enter_commands():
     assert argv[:2] == ["nsenter", f"--net=/run/netns/{node.netns}"]  # not `ip netns exec`: keeps /sys/fs/cgroup
     assert {"--pid", "--fork", "--mount", "--uts", "--time", "--kill-child", "--mount-proc"} <= set(argv)
     assert argv[argv.index("--boottime") + 1] == "-12772"  # the node's uptime counts from its own start
+    assert "--time" not in hosts.holder_argv(node, "SCRIPT", machine_uptime_s=None)  # a kernel without them
     assert argv[-3:] == ["-c", "SCRIPT", "slurm-ft-node-setup"]
     final = hosts.holder_final_argv("/usr/bin/python3", node, Path("/tmp/lab-a"))
     assert final[:2] == ["/usr/bin/python3", "-c"] and final[-3:] == ["slurm-ft-node", "/tmp/lab-a", "n1"]
     assert hosts.enter_argv(42, ["slurmd", "-D"]) == ["nsenter", "-t", "42", "--net", "--mount", "--uts", "--pid",
                                                       "--time", "--", "slurmd", "-D"]
+    assert "--time" not in hosts.enter_argv(42, ["slurmd"], time_ns=False)
     ctld = hosts.controller_argv(Path("/tmp/lab a/hosts"), ["/usr/sbin/slurmctld", "-D"])
     assert ctld == ["unshare", "--mount", "/bin/sh", "-c",
                     "mount --bind '/tmp/lab a/hosts' /etc/hosts && exec /usr/sbin/slurmctld -D"]

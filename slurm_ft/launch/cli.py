@@ -193,8 +193,8 @@ def _main(args: argparse.Namespace) -> int:
     def node_states() -> dict[str, NodeInfo]:
         return {n.name: n for n in client.nodes()} if client is not None else {}
 
-    def probe(nodes: Sequence[str]) -> dict[str, str]:
-        return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s))
+    def probe(nodes: Sequence[str], since: float | None) -> dict[str, str]:
+        return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s), since=since)
 
     def requeue() -> None:
         if client is None or not job_id.isdigit():

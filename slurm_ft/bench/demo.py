@@ -27,6 +27,11 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
   quarantined on its first flap;
 - ``slow-link`` (hosts mode only): rank 1's node's link throttled to ``SLOW_RATE`` both ways (tbf) from the fault
   step on: training goes on, slower; no fault verdict while steps still complete;
+- ``node-reboot`` (hosts mode only): the job's batch host dies as in ``node-death`` and boots again, empty (fresh
+  ``/tmp``, ``/dev/shm``, ``/run``), ``REBOOT_DOWN_S`` seconds later (``slurm_ft.lab.faults.boot_node``); slurmctld
+  sees its new boot time when its slurmd registers and ends the job NODE_FAIL (requeued, as for a dead host: the
+  launcher died with it); the monitor names the node, quarantines and excludes it, and the job resumes from the
+  shared checkpoint dir on other nodes, relying on nothing the node held;
 - ``desync``: rank 1 calls an all-reduce the others do not (``--desync-at``, on every attempt: a bug): the ranks
   hang in different collectives at the same sequence number; the dumps show both calls, the verdict is
   ``user_code`` after one attempt, and no restart is taken from the budget.
@@ -77,12 +82,13 @@ from slurm_ft.lab.interrupt import run_to_the_end, teardown
 from slurm_ft.slurm.types import JobInfo, JobState
 
 SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held",
-             "link-down", "link-flap", "slow-link")
-HOSTS_ONLY = ("link-down", "link-flap", "slow-link")  # real network faults: only where every node is a host (--hosts)
+             "link-down", "link-flap", "slow-link", "node-reboot")
+HOSTS_ONLY = ("link-down", "link-flap", "slow-link", "node-reboot")  # real network and host faults (--hosts)
 INJECTED = ("kill-rank", "hang", "node-death", "gpu-held", *HOSTS_ONLY)  # the demo injects these from outside the job
 NO_RESTART = ("slow-link",)  # injected, and nothing may be restarted for it
 IN_TRAINER = ("stuck-loader", "desync")  # the trainer's own flags inject these; the demo says when they fire
-RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", "link-down", "link-flap")
+RECOVERING = ("kill-rank", "hang", "stuck-loader", "node-death", "gpu-held", "link-down", "link-flap", "node-reboot")
+HOST_LOST = ("node-death", "node-reboot")  # the job's batch host goes away with its launcher: Slurm's NODE_FAIL
 RECLAIM_TIMEOUT = 5  # gpu-held: seconds the launcher waits for the killed rank's GPU
 EVERY = 4  # checkpoint interval (steps)
 # Memory snapshots every step: what ``auto`` picks for a job whose MTBF is the few seconds each demo run trains
@@ -93,6 +99,7 @@ MEMORY_RESUMES = ("kill-rank", "hang")  # restarted in place from the memory tie
 FLAP_HANG_TIMEOUT = 5  # link-flap's job: a stall this long is caught while the cable is still out
 SLOW_RATE = "256kbit"  # slow-link: rank 1's node's link, both ways, from the fault step to the job's end
 FLAP_S = 7.0  # link-flap: seconds the cable stays out: past the job's hang timeout, short of SlurmdTimeout (10 s)
+REBOOT_DOWN_S = lab_faults.REBOOT_DOWN_S  # node-reboot: seconds the host stays down before it boots again, empty
 ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.OUT_OF_MEMORY}
 
 
@@ -142,6 +149,9 @@ class Run:
     victim: str = ""
     held: tuple[str, int] | None = None  # gpu-held: the node and GPU that keep the killed rank's memory
     link_back: float | None = None  # link-flap: when the victim's cable was plugged back in
+    booted: float | None = None  # node-reboot: when the victim's host was back (booted, its slurmd registered)
+    held_files: list[str] | None = None  # node-reboot: the victim's /tmp and /dev/shm just before it died
+    left_files: list[str] | None = None  # node-reboot: the same just after it booted again
     final: JobInfo | None = None
     result: dict[str, Any] | None = None
     printed: int = 0  # launcher events already shown
@@ -227,6 +237,13 @@ def inject(lab: Any, run: Run, job: JobInfo, say: Callable[[str], None]) -> None
         what = "the whole host: every process on it, its link down" if lab.mode.value == "hosts" else \
             "slurmd, stepds, ranks"
         say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) killed: {what}")
+    elif run.name == "node-reboot":
+        run.victim = job.nodes[0]
+        run.held_files = lab_faults.node_local_files(lab, run.victim)
+        lab.kill_host(run.victim)
+        held = ", ".join(run.held_files or []) or "nothing"
+        say(f"{run.name}: node {run.victim} (job {run.job_id}'s batch host) down, holding {held} in /tmp and /dev/shm;"
+            f" it boots again, empty, in {REBOOT_DOWN_S:g} s")
     elif run.name == "slow-link":
         run.victim = rank_node(run, 1) or job.nodes[1]
         lab_faults.slow_link(lab, run.victim, SLOW_RATE)
@@ -361,6 +378,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print,
                 say(f"{run.name}: submitted job {run.job_id}")
             _drive(cfg, lab, runs, say)
             _plug_back(lab, runs, say, force=True)
+            _boot_back(lab, runs, say, force=True)
             time.sleep(2.5)  # the monitor's last polls over the ended jobs
             for run in runs:
                 run.final = lab.client().job(run.job_id)
@@ -402,7 +420,8 @@ def _drive(cfg: DemoConfig, lab: Any, runs: list[Run], say: Callable[[str], None
                     run.fault_step, run.fault_time = progress[1], _fault_time(run, progress[1])
                     inject(lab, run, job, say)
             _plug_back(lab, [run], say)
-            if run.name == "node-death" and run.victim and run.detected_at is None and (
+            _boot_back(lab, [run], say)
+            if run.name in HOST_LOST and run.victim and run.detected_at is None and (
                     job.restart_count > 0 or job.state is JobState.NODE_FAIL):
                 run.detected_at = time.time()
                 say(f"{run.name}: Slurm ended job {run.job_id} NODE_FAIL and requeued it")
@@ -430,6 +449,21 @@ def _plug_back(lab: Any, runs: list[Run], say: Callable[[str], None], *, force: 
             lab_faults.link_up(lab, run.victim)
             run.link_back = time.time()
             say(f"{run.name}: node {run.victim}'s link up again after {run.link_back - run.fault_time:.1f} s")
+
+
+def _boot_back(lab: Any, runs: list[Run], say: Callable[[str], None], *, force: bool = False) -> None:
+    """node-reboot: boot the victim's host again ``REBOOT_DOWN_S`` seconds after the fault (``force``: now), empty,
+    and wait until slurmctld has it back (``slurm_ft.lab.faults.boot_node``)."""
+    for run in runs:
+        if run.name != "node-reboot" or not run.victim or run.booted is not None or run.fault_time is None:
+            continue
+        if force or time.time() >= run.fault_time + REBOOT_DOWN_S:
+            lab_faults.boot_node(lab, run.victim)
+            run.booted = time.time()
+            run.left_files = lab_faults.node_local_files(lab, run.victim)
+            state = next(("+".join(sorted(n.state)) for n in lab.client().nodes() if n.name == run.victim), "?")
+            say(f"{run.name}: node {run.victim} booted again after {run.booted - run.fault_time:.1f} s, "
+                f"{len(run.left_files or [])} files in /tmp and /dev/shm, slurmd registered ({state})")
 
 
 def _fault_time(run: Run, step: int) -> float:
@@ -569,7 +603,21 @@ def run_checks(cfg: DemoConfig, run: Run, timing: Any, events: list[dict], refer
                    ("dead node in ExcNodeList", final is not None and run.victim in final.excluded_nodes),
                    ("dead node quarantined", bool(run.victim) and quarantine.is_quarantined(run.victim)
                     and node is not None and node.reason.startswith(TAG))]
+    if run.name == "node-reboot":
+        checks += reboot_checks(run, events)
     return checks
+
+
+def reboot_checks(run: Run, events: list[dict]) -> list[tuple[str, bool]]:
+    """node-reboot: Slurm requeued the job once (its batch host, the launcher with it, was gone), the host came back
+    empty, and the job finished (its parameters equal the clean run's: ``run_checks``) whatever it had held there."""
+    node = run.victim or "?"
+    later = [e for e in events if e["event"] == "attempt_start" and e["time"] >= (run.fault_time or 0.0)]
+    return [("requeued once", run.final is not None and run.final.restart_count == 1),
+            (f"{node} booted again, its slurmd registered", run.booted is not None),
+            (f"{node} came back with an empty /tmp and /dev/shm", run.held_files is not None
+             and run.left_files == []),
+            ("resumed from a committed checkpoint after the reboot", bool(later) and bool(later[0].get("resume_step")))]
 
 
 def link_checks(run: Run, timing: Any, events: list[dict], quarantine: Any) -> list[tuple[str, bool]]:
@@ -647,7 +695,7 @@ def culprit_checks(run: Run, events: list[dict], verdict: dict[str, Any] | None)
                    ("both collectives in the evidence", any("all_reduce" in line and "all_gather" in line
                                                             for line in traced))]
     culprit = (verdict or {}).get("culprit", {})
-    if run.name == "link-down":
+    if run.name in ("link-down", "node-reboot"):
         checks.append((f"culprit {run.victim or '?'} only", bool(run.victim) and culprit.get("nodes") == [run.victim]))
     if run.name == "link-flap":  # both ranks stalled alike and the probe found the link back: the counters name it
         checks += [(f"culprit {run.victim or '?'} only", bool(run.victim) and culprit.get("nodes") == [run.victim]),

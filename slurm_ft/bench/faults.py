@@ -1,11 +1,12 @@
 """``slurm-ft bench faults``: every fault the lab can inject, on a lab whose nodes are hosts, in one table.
 
 It runs ``slurm-ft demo --hosts`` (``slurm_ft.bench.demo``) with the faults ``kill-rank``, ``hang``,
-``user-error``, ``link-down``, ``link-flap``, ``slow-link`` and ``node-death`` (and the clean reference run) on the
-Slurm release first on ``PATH``, and prints one row per fault: release, detection (s), verdict, whether the
-culprit is right, recovery (s), steps lost, whether the final parameters equal the clean run's, and the committed
-checkpoints lost. Run it once per release (``PATH=/opt/slurm-25.11/bin:/opt/slurm-25.11/sbin:$PATH``) for the
-matrix. ``--out DIR`` keeps the table (``faults.txt``) and the rows (``faults.json``).
+``user-error``, ``link-down``, ``link-flap``, ``slow-link``, ``node-death`` and ``node-reboot`` (and the clean
+reference run) on the Slurm release first on ``PATH``, and prints one row per fault: release, detection (s),
+verdict, whether the culprit is right, recovery (s), steps lost, whether the final parameters equal the clean
+run's, and the committed checkpoints lost. Run it once per release
+(``PATH=/opt/slurm-25.11/bin:/opt/slurm-25.11/sbin:$PATH``) for the matrix. ``--out DIR`` keeps the table
+(``faults.txt``) and the rows (``faults.json``).
 
 Culprit right: the verdict names the faulted node (node and network faults: a ``link-flap``'s node by its link
 counters) or rank 1 on its node (rank faults); ``slow-link`` must name no other node (``none`` when nothing was
@@ -31,7 +32,7 @@ from slurm_ft.core.taxonomy import culprit_text
 from slurm_ft.lab.faults import fault_timing
 from slurm_ft.lab.interrupt import run_to_the_end
 
-FAULTS = ("kill-rank", "hang", "user-error", "link-down", "link-flap", "slow-link", "node-death")
+FAULTS = ("kill-rank", "hang", "user-error", "link-down", "link-flap", "slow-link", "node-death", "node-reboot")
 RANK_FAULTS = ("kill-rank", "hang", "user-error")
 HEADER = ("fault", "release", "detection s", "verdict", "culprit right?", "recovery s", "steps lost",
           "parameters equal", "committed checkpoints lost")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, Mode, default_lab_dir
-from slurm_ft.lab.faults import NetFault, inject
+from slurm_ft.lab.faults import REBOOT_DOWN_S, NetFault, inject
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 
@@ -34,12 +34,15 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
     up.set_defaults(func=_up)
 
-    fault = sub.add_parser("fault", help="hosts mode: pull, plug or throttle a node's link, or kill its host",
-                           description="Network faults on a lab started with `lab up --hosts`.")
+    fault = sub.add_parser("fault", help="hosts mode: pull, plug or throttle a node's link, kill or reboot its host",
+                           description="Network and host faults on a lab started with `lab up --hosts`.")
     _add_dir(fault)
     fault.add_argument("fault", choices=[f.value for f in NetFault], help="what happens to the node")
     fault.add_argument("node", help="node name (n1..nN)")
     fault.add_argument("rate", nargs="?", default=None, help="slow-link: tc rate such as 10mbit")
+    fault.add_argument("--down-s", type=float, default=REBOOT_DOWN_S,
+                       help=f"node-reboot: seconds the host stays down before it boots again, empty (default "
+                            f"{REBOOT_DOWN_S:g}: long enough for Slurm to count the jobs on it lost)")
     fault.set_defaults(func=_fault)
 
     for action, func, text in (("down", _down, "stop exactly the daemons `up` started"),
@@ -99,10 +102,12 @@ def _status(args: argparse.Namespace) -> int:
 def _fault(args: argparse.Namespace) -> int:
     cluster = LabCluster.attach(args.dir or default_lab_dir())
     try:
-        killed = inject(cluster, args.fault, args.node, args.rate)
+        killed = inject(cluster, args.fault, args.node, args.rate, down_s=args.down_s)
     except ValueError as exc:
         raise LabError(str(exc)) from exc
     detail = f" ({len(killed)} processes killed)" if args.fault == NetFault.HOST_DEATH.value else ""
+    if args.fault == NetFault.NODE_REBOOT.value:
+        detail = f" ({len(killed)} processes killed, down {args.down_s:g} s, booted empty, slurmd registered)"
     print(f"{args.fault} {args.node}{' ' + args.rate if args.rate else ''}: done{detail}")
     return 0
 

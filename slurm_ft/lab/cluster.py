@@ -409,7 +409,8 @@ class LabCluster:
         holder = next((procs.Daemon.from_dict(d) for d in state["daemons"] if d["name"] == f"host-{name}"), None)
         if holder is None or not procs.is_running(holder):
             raise LabError(f"host {name} is not running; {self._log_tail(f'host-{name}')}")
-        self._spawn(state, f"slurmd-{name}", hosts.enter_argv(holder.pid, argv), env, final_argv=argv)
+        entered = hosts.enter_argv(holder.pid, argv, time_ns=hosts.time_namespaces())
+        self._spawn(state, f"slurmd-{name}", entered, env, final_argv=argv)
 
     def _slurmd_address(self, state: Mapping[str, Any], name: str) -> tuple[str, int]:
         if state.get("mode") == Mode.HOSTS.value:
@@ -452,7 +453,9 @@ class LabCluster:
             shared.append(socket_dir)
         final = hosts.holder_final_argv(sys.executable, node, self.dir)
         script = hosts.holder_script(node, shared=shared, hosts_path=self.hosts_path, final_argv=final)
-        self._spawn(state, f"host-{name}", hosts.holder_argv(node, script), self._daemon_env(), final_argv=final)
+        uptime = hosts.machine_uptime(Path("/proc/uptime").read_text()) if hosts.time_namespaces() else None
+        argv = hosts.holder_argv(node, script, machine_uptime_s=uptime)
+        self._spawn(state, f"host-{name}", argv, self._daemon_env(), final_argv=final)
         holder = self._find_daemon(f"host-{name}")
         if holder is None or not procs.is_running(holder):
             raise LabError(f"host {name} did not start; {self._log_tail(f'host-{name}')}")

@@ -6,8 +6,9 @@ Faults are injected by (rank, step) through the example trainer's flags, on the 
 and steps lost.
 
 In hosts mode (``slurm-ft lab up --hosts``) the network faults are real: ``link_down``/``link_up`` pull and plug
-a node's cable (its veth on the lab bridge), ``slow_link`` throttles it with a tbf qdisc, and ``crash_node`` is the
-death of the whole host (``slurm-ft lab fault`` applies them by hand).
+a node's cable (its veth on the lab bridge), ``slow_link`` throttles it with a tbf qdisc, ``crash_node`` is the
+death of the whole host, and ``reboot_node`` its death and its return, empty, a little later (``crash_node`` now,
+``boot_node`` after the downtime; ``slurm-ft lab fault`` applies them by hand).
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ import enum
 import os
 import re
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from slurm_ft.core import env as ft_env
 from slurm_ft.core.rundir import read_events, read_heartbeats
-from slurm_ft.lab import procs
+from slurm_ft.core.errors import SlurmFtError
+from slurm_ft.lab import hosts, procs
+from slurm_ft.lab.cluster import node_ready
 
 
 class Fault(str, enum.Enum):
@@ -177,6 +182,13 @@ class NetFault(str, enum.Enum):
     SLOW_LINK = "slow-link"  # the node's link throttled both ways to a rate (tbf; netem is not in every kernel)
     FAST_LINK = "fast-link"  # the throttle lifted
     HOST_DEATH = "host-death"  # the whole host dies: every process in its namespaces killed, link down
+    NODE_REBOOT = "node-reboot"  # the host dies, stays down a while, and boots again empty (fresh /tmp, /dev/shm, /run)
+
+
+# node-reboot's default downtime. slurmctld counts a job lost on a node that rebooted when the node's new boot time
+# is more than MessageTimeout + 5 s (15 s in the lab) after the job's start: a real boot takes longer than that.
+REBOOT_DOWN_S = 20.0
+BOOT_TIMEOUT_S = 60.0  # how long a booted node may take to register with slurmctld again
 
 
 _RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
@@ -203,11 +215,80 @@ def slow_link(lab, node: str, rate: str | None) -> None:
     lab.throttle_link(node, None if rate is None else check_rate(rate))
 
 
-def inject(lab, fault: NetFault | str, node: str, rate: str | None = None) -> list[int]:
-    """Apply one network fault to ``node`` (``slurm-ft lab fault``); the pids killed by a host death."""
+def check_down_s(down_s: float) -> float:
+    """A reboot's downtime in seconds (0..3600), or ValueError naming the value."""
+    if not 0 <= down_s <= 3600:
+        raise ValueError(f"down_s: a reboot's downtime must be within 0..3600 seconds (--down-s), got {down_s:g}")
+    return down_s
+
+
+def reboot_node(lab, node: str, down_s: float = REBOOT_DOWN_S, *,
+                sleep: Callable[[float], None] = time.sleep) -> list[int]:
+    """Node ``node`` reboots (hosts mode): its host dies as in ``crash_node`` (every process killed, link down),
+    stays down ``down_s`` seconds, then boots again empty (``boot_node``). Returns the pids killed."""
+    check_down_s(down_s)
+    killed = lab.kill_host(node)
+    sleep(down_s)
+    boot_node(lab, node)
+    return killed
+
+
+def boot_node(lab, node: str, timeout_s: float = BOOT_TIMEOUT_S) -> None:
+    """Node ``node``'s host boots after ``kill_host``: fresh PID, mount and UTS namespaces with empty private
+    ``/tmp``, ``/dev/shm`` and ``/run`` (its network namespace, the NIC, is kept), its link up, slurmd started; then
+    wait until slurmctld has it back.
+
+    How it returns to service is Slurm's own, on both releases the lab runs (22.05, 25.11): slurmd registers with
+    an uptime counted from the host's boot (its time namespace, ``hosts.holder_argv``), so slurmctld sees a new
+    BootTime, ends a batch job whose batch host rebooted NODE_FAIL (requeued where it may be), and, as the lab's
+    slurm.conf has ``ReturnToService=2``, puts the node back in service at once, even one it had marked DOWN for
+    not responding; nobody runs ``scontrol update state=resume``. A drain set meanwhile (slurm-ft's quarantine)
+    stays: the node then returns IDLE+DRAIN, as slurm-ft decided."""
+    lab.start_node(node)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            seen = next((n for n in lab.client().nodes() if n.name == node), None)
+        except SlurmFtError:
+            seen = None
+        if seen is not None and node_ready(seen):
+            return
+        if time.monotonic() > deadline:
+            state = "+".join(sorted(seen.state)) if seen is not None else "unknown"
+            raise SlurmFtError(f"node-reboot: {node} did not register with slurmctld within {timeout_s:g} s "
+                               f"after its boot (state {state})")
+        time.sleep(0.5)
+
+
+def node_local_files(lab, node: str) -> list[str] | None:
+    """What node ``node``'s host holds in its private ``/tmp`` and ``/dev/shm`` (paths as the node sees them, sorted),
+    read through its holder's root (``/proc/PID/root``: its mount namespace); None when the host is not running."""
+    holder = next((pid for pid in procs.all_pids() if _holds(procs.cmdline(pid), lab.dir, node)), None)
+    if holder is None:
+        return None
+    found = []
+    for where in ("tmp", "dev/shm"):
+        try:
+            found += [f"/{where}/{name}" for name in os.listdir(f"/proc/{holder}/root/{where}")]
+        except OSError:
+            return None
+    return sorted(found)
+
+
+def _holds(argv: tuple[str, ...], lab_dir: Path, node: str) -> bool:
+    """Whether ``argv`` is the holder of ``node`` in lab ``lab_dir`` (``hosts.holder_final_argv``)."""
+    return len(argv) >= 3 and argv[-3:] == (hosts.HOLDER_TAG, str(lab_dir), node)
+
+
+def inject(lab, fault: NetFault | str, node: str, rate: str | None = None,
+           down_s: float = REBOOT_DOWN_S) -> list[int]:
+    """Apply one network fault to ``node`` (``slurm-ft lab fault``); the pids killed by a host death or a
+    reboot."""
     fault = NetFault(fault)
     if fault is NetFault.SLOW_LINK and rate is None:
         raise ValueError("rate: slow-link needs a rate such as 10mbit")
+    if fault is NetFault.NODE_REBOOT:
+        return reboot_node(lab, node, down_s)
     actions = {NetFault.LINK_DOWN: lambda: link_down(lab, node), NetFault.LINK_UP: lambda: link_up(lab, node),
                NetFault.SLOW_LINK: lambda: slow_link(lab, node, rate),
                NetFault.FAST_LINK: lambda: slow_link(lab, node, None)}

@@ -1,11 +1,13 @@
-"""Lab nodes as hosts: each node its own network, UTS, PID and mount namespace, joined to a lab bridge.
+"""Lab nodes as hosts: each node its own network, UTS, PID, mount and time namespace, joined to a lab bridge.
 
 The plan (names, addresses, the /24) is a pure function of the lab directory, so two labs never pick the same
 names and rarely the same subnet (``subnet_in_use`` refuses a taken one). Each node is a *holder* process: the
-init of the node's PID namespace, started by ``ip netns exec NS unshare --pid --mount --uts`` after a setup script
-that gives the node private tmpfs ``/tmp``, ``/dev/shm`` and ``/run``, the lab's hosts file over ``/etc/hosts``,
-its hostname, and the shared directories (the lab dir: the cluster's shared filesystem) bound back in. Daemons run
-on a node through ``nsenter`` into its holder. Killing the holder kills everything on the node (a host death).
+init of the node's PID namespace, started by ``ip netns exec NS unshare --pid --mount --uts --time`` after a
+setup script that gives the node private tmpfs ``/tmp``, ``/dev/shm`` and ``/run``, the lab's hosts file over
+``/etc/hosts``, its hostname, and the shared directories (the lab dir: the cluster's shared filesystem) bound back
+in; its boot clock starts at zero. Daemons run on a node through ``nsenter`` into its holder. Killing the holder
+kills everything on the node (a host death); a new holder for the same node is its reboot: empty /tmp, /dev/shm
+and /run, an uptime counted from then.
 
 Nodes route only their own /24 (no default route), so they reach the lab's other nodes and the controller's
 bridge address, nothing else. Who may talk to a node: anything on this machine's root network namespace (root
@@ -204,19 +206,39 @@ def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
     return [python, "-c", HOLDER_CODE, HOLDER_TAG, str(lab_dir), node.name]
 
 
-def holder_argv(node: NodeHost, script: str) -> list[str]:
+def holder_argv(node: NodeHost, script: str, *, machine_uptime_s: float | None) -> list[str]:
     """Start a node: its network namespace (entered with nsenter, not ``ip netns exec``, whose fresh /sys hides
     /sys/fs/cgroup, which slurmd needs; the setup script mounts a sysfs that keeps it), then fresh PID (the script is
-    its pid 1), mount and UTS namespaces, a fresh /proc; ``--kill-child``: the node dies with the unshare that
-    started it."""
-    return ["nsenter", f"--net={NETNS_DIR}/{node.netns}", "unshare", "--pid", "--fork", "--mount", "--uts",
+    its pid 1), mount, UTS and time namespaces, a fresh /proc; ``--kill-child``: the node dies with the unshare that
+    started it.
+
+    The time namespace's boot clock starts at this start (offset: minus the machine's uptime, whole seconds), so
+    the node's uptime (sysinfo, /proc/uptime) counts from its own boot: slurmd reports it, and slurmctld tells a
+    rebooted node (a boot time after its last response) from one whose slurmd merely restarted. None: no time
+    namespace (a kernel without them, ``time_namespaces``): the node's uptime is the machine's."""
+    boot = [] if machine_uptime_s is None else ["--time", "--boottime", str(-int(machine_uptime_s))]
+    return ["nsenter", f"--net={NETNS_DIR}/{node.netns}", "unshare", "--pid", "--fork", "--mount", "--uts", *boot,
             "--kill-child", "--mount-proc", "/bin/sh", "-c", script, f"{HOLDER_TAG}-setup"]
 
 
-def enter_argv(holder_pid: int, argv: Sequence[str]) -> list[str]:
-    """Run ``argv`` on the node whose holder is ``holder_pid`` (all its namespaces; nsenter forks into the PID
-    namespace, so the program is nsenter's child)."""
-    return ["nsenter", "-t", str(holder_pid), "--net", "--mount", "--uts", "--pid", "--", *argv]
+def machine_uptime(proc_uptime: str) -> float:
+    """Seconds since the machine booted, from the text of ``/proc/uptime`` (``12772.47 10380.61``)."""
+    try:
+        return float(proc_uptime.split()[0])
+    except (IndexError, ValueError):
+        raise ValueError(f"/proc/uptime: cannot read {proc_uptime!r}") from None
+
+
+def time_namespaces(proc_self_ns: Path = Path("/proc/self/ns")) -> bool:
+    """Whether this kernel has time namespaces (Linux 5.6+), so each node's boot clock can start at its boot."""
+    return (proc_self_ns / "time").exists()
+
+
+def enter_argv(holder_pid: int, argv: Sequence[str], *, time_ns: bool = True) -> list[str]:
+    """Run ``argv`` on the node whose holder is ``holder_pid`` (all its namespaces, its boot clock too where
+    ``time_ns``; nsenter forks into the PID namespace, so the program is nsenter's child)."""
+    clock = ["--time"] if time_ns else []
+    return ["nsenter", "-t", str(holder_pid), "--net", "--mount", "--uts", "--pid", *clock, "--", *argv]
 
 
 def controller_argv(hosts_path: Path, argv: Sequence[str]) -> list[str]:

@@ -199,9 +199,10 @@ def _main(args: argparse.Namespace) -> int:
     def node_states() -> dict[str, NodeInfo]:
         return {n.name: n for n in client.nodes()} if client is not None else {}
 
-    def probe(nodes: Sequence[str]) -> dict[str, str]:
+    def probe(nodes: Sequence[str], since: float | None) -> dict[str, str]:
         return probe_nodes(nodes, environ, ProbeConfig(timeout_s=config.probe_timeout_s,  # + link counters
-                                                       node_command=probe_command(sys.executable, config.run_dir)))
+                                                       node_command=probe_command(sys.executable, config.run_dir)),
+                           since=since)
 
     def requeue() -> None:
         if client is None or not job_id.isdigit():

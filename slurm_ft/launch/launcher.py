@@ -31,8 +31,9 @@ and a short root cause paragraph in the job's output.
 Between attempts the run directory's heartbeats, error files, end records and hang evidence move to
 ``attempt-<N>/`` (evidence); those a requeued job finds from its previous run move to ``earlier/``. Events go
 to ``<run_dir>/events.jsonl``: ``attempt_start``, ``fault_detected {kind, time}``, ``gpu_reclaim``, ``verdict``,
-``first_step``, ``standby_start``, ``standby_off``, ``launcher_store_off``, ``comment_error``, ``exit``. Each rank
-gets its own GPUs and NCCL's fault settings (``slurm_ft.launch.rank_env``).
+``first_step``, ``standby_start``, ``standby_off``, ``standby_dropped`` (the standby steps on a node that
+rebooted), ``launcher_store_off``, ``comment_error``, ``exit``. Each rank gets its own GPUs and NCCL's fault
+settings (``slurm_ft.launch.rank_env``).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ from slurm_ft.launch.hang import rank_states
 from slurm_ft.launch.links import LINKS_GLOB
 from slurm_ft.launch.preempt import PreemptConfig, requeue_job
 from slurm_ft.launch.rank_env import nccl_defaults, wire
+from slurm_ft.launch.probe import REBOOTED
 from slurm_ft.launch.reclaim import Reclaimed, gpus_in_use
 from slurm_ft.launch.standby import STOP_SIGNAL, script_of
 from slurm_ft.launch.store import AGENT_STORE_ENV, RESTART_COUNT_ENV
@@ -424,7 +426,8 @@ class Launcher:
                  runner: Runner = popen_runner, node_states: Callable[[], Mapping[str, NodeInfo]] | None = None,
                  classify_fn: Callable[[Any], Any] | None = None, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, port: Callable[[], int] = free_port,
-                 resume_step: int | None = None, probe: Callable[[Sequence[str]], Mapping[str, str]] | None = None,
+                 resume_step: int | None = None,
+                 probe: Callable[[Sequence[str], float | None], Mapping[str, str]] | None = None,
                  set_comment: Callable[[str], None] | None = None, requeues: int = 0,
                  restart_cause: str | None = None, latch: Any = None, preempt: Any = None,
                  requeue: Callable[[], None] | None = None, comment: str = "",
@@ -471,6 +474,8 @@ class Launcher:
         self._launch_id = secrets.token_hex(8)  # every attempt's: the memory tier keeps to this launch's snapshots
         self._world = 0  # the current attempt's ranks
         self._attempt_nodes: frozenset[str] | None = None  # the current attempt's nodes
+        self._attempt_started: float | None = None  # when the current attempt started (the probe's reboot line)
+        self._rebooted: set[str] = set()  # nodes the last probe found rebooted under the attempt (back, empty)
 
     def run(self) -> int:
         try:
@@ -549,9 +554,11 @@ class Launcher:
         """Nodes of the attempt that Slurm calls unhealthy, or that fail the probe step."""
         bad = self._flagged(chosen)
         if self.probe is not None and self.config.probe_timeout_s > 0:
-            found = self.probe([n for n in chosen if n not in bad])
+            found = self.probe([n for n in chosen if n not in bad], self._attempt_started)
             self._event("node_probe", attempt=self.attempts, failed=dict(found))
             bad |= set(found)
+            self._rebooted = {node for node, why in found.items() if why.startswith(REBOOTED)}
+            self._drop_standbys(self._rebooted)
         return bad
 
     def _gpu_reclaim(self, chosen: list[str], sick: set[str]) -> tuple[Any, ...]:
@@ -579,7 +586,7 @@ class Launcher:
         """No spare left: give Slurm time to declare the sick nodes (it then ends the job NODE_FAIL and requeues
         it, which kills us), then leave the requeue to the monitor, naming the nodes to exclude."""
         deadline = self.clock() + self.config.node_fail_wait_s
-        waiting = sorted(sick - self._flagged(sorted(sick)))
+        waiting = sorted(sick - self._flagged(sorted(sick)) - self._rebooted)  # Slurm has a rebooted one back
         if waiting:
             self._event("node_fail_wait", nodes=waiting, seconds=self.config.node_fail_wait_s)
         while waiting and self.clock() < deadline:
@@ -660,7 +667,7 @@ class Launcher:
                 f"--ntasks-per-node={wiring.tasks_per_node}", f"--nodelist={','.join(chosen)}",
                 f"--kill-on-bad-exit={kill_on_bad_exit}", *overlap, *wiring.prefix, *self._wrapped(cfg.command)]
 
-        started = self.clock()
+        started = self._attempt_started = self.clock()
         self._event("attempt_start", attempt=self.attempts, nodes=chosen, master_port=int(env["MASTER_PORT"]),
                     store="launcher" if env.get(AGENT_STORE_ENV) == "True" else "rank 0", time=started,
                     resume_step=self._committed())
@@ -760,6 +767,20 @@ class Launcher:
                     why="an attempt at the launcher's store hung before its first step")
         self.store.close()
         self.store = None
+
+    def _drop_standbys(self, rebooted: set[str]) -> None:
+        """End the standby steps with a task on a node that rebooted: its standbys died with it, and srun aborts such
+        a step (a step missing on a node Slurm saw boot), taking the standbys of the other nodes with it, and the
+        ranks they had just become. The next attempt starts cold there; new standbys follow its first step."""
+        doomed = [(nodes, proc) for nodes, proc in self._standbys if nodes & rebooted]
+        if not doomed:
+            return
+        self._standbys = [entry for entry in self._standbys if entry not in doomed]
+        for _, proc in doomed:
+            if proc.poll() is None:
+                self._kill(proc, grace_s=0.0)
+        self._event("standby_dropped", attempt=self.attempts, rebooted=sorted(rebooted),
+                    nodes=sorted(set().union(*(nodes for nodes, _ in doomed))))
 
     def _standby_ready(self) -> bool:
         return any(proc.poll() is None for _, proc in self._standbys)

@@ -7,8 +7,8 @@ job's user, on the node itself:
 - ``links.start.<node>.json``: by the per-rank wrapper (``slurm_ft.launch.rank``) as the attempt's ranks start
   (the first rank of the node to get there writes it);
 - ``links.probe.<node>.json``: by the probe step after a failed or hung attempt (``slurm_ft.launch.probe``: each
-  node runs ``python -m slurm_ft.launch.links --run-dir DIR``, which writes it and prints the node's name, the
-  probe's answer).
+  node runs ``python -m slurm_ft.launch.links --run-dir DIR``, which writes it and prints the node's name and uptime,
+  the probe's answer).
 
 ``losses`` compares the two for each of the attempt's nodes: a counter that grew names the node whose link went
 down (the launcher's verdict: ``network``, a restart in place). Both files move to ``attempt-<N>/`` with the rest
@@ -102,8 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         record(args.run_dir, PROBE, node)
     except (OSError, ValueError) as exc:
         print(f"slurm-ft: {node}: link counters not recorded: {exc}", file=sys.stderr)
-    print(node, flush=True)  # the probe's answer: this node ran a task
+    print(node, _uptime(), flush=True)  # the probe's answer: this node ran a task, booted that long ago
     return 0
+
+
+def _uptime() -> str:
+    """The node's uptime in seconds as ``/proc/uptime`` says (the probe tells a rebooted node by it); "?" unread."""
+    try:
+        return Path("/proc/uptime").read_text().split()[0]
+    except (OSError, IndexError):
+        return "?"
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The lab in hosts mode (``lab up --hosts``): every node a host of its own, real network faults (link down and
-up, a throttled link, the death of a whole host), and ``down`` leaves nothing behind.
+up, a throttled link, the death of a whole host, its reboot), and ``down`` leaves nothing behind.
 
 Its own 3-node lab (not the session ``lab``): three hosts with their own hostname, address, /tmp and PID space,
 seen from ``srun -N3`` run on the controller's host, as a user of a real cluster would.
@@ -7,6 +7,7 @@ seen from ``srun -N3`` run on the controller's host, as a user of a real cluster
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import os
@@ -191,6 +192,42 @@ def test_node_death_kills_the_whole_host_which_comes_back_empty(hosts_lab):
     held = "echo $(hostname) $(cat /tmp/sft-held 2>/dev/null || echo gone)"
     after = dict(_srun(hosts_lab, "-w", "n3", "sh", "-c", held))
     assert list(after.values()) == ["n3 gone"]
+
+
+def test_node_reboot_brings_the_host_back_empty_with_a_new_boot_time(hosts_lab):
+    store = "echo held > /tmp/sft-reboot && echo held > /dev/shm/sft-reboot && echo held > /run/sft-reboot"
+    _srun(hosts_lab, "-w", "n2", "sh", "-c", store)
+    wait_for(lambda: _idle(hosts_lab, "n2"), 30, message="n2 idle")
+    holder = procs.Daemon.from_dict(next(d for d in _daemons(hosts_lab) if d["name"] == "host-n2"))
+    on_host = procs.in_pid_namespace(os.readlink(f"/proc/{holder.pid}/ns/pid"))
+    before = time.time()
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "fault", "--dir", str(hosts_lab.dir),
+                           "node-reboot", "n2", "--down-s", "1"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "node-reboot n2: done" in done.stdout
+    assert len(on_host) >= 2 and not [pid for pid in on_host if faults.alive(pid)]  # the old host is gone
+    assert ports.can_connect(hosts.SLURMD_PORT, hosts_lab.host_plan.node("n2").addr)  # slurmd answers again
+    look = ("echo $(hostname) $(cat /tmp/sft-reboot /dev/shm/sft-reboot /run/sft-reboot 2>/dev/null || echo gone) "
+            "$(cut -d. -f1 /proc/uptime)")
+    [(_, line)] = _srun(hosts_lab, "-w", "n2", "sh", "-c", look)
+    name, held, uptime = line.split()
+    assert (name, held) == ("n2", "gone")
+    if hosts.time_namespaces():  # Linux 5.6+: the node's boot clock is its own
+        assert int(uptime) <= time.time() - before  # its clock counts from its boot, not the machine's
+        shown = subprocess.run(["scontrol", "-o", "show", "node", "n2"], env={**os.environ, **hosts_lab.env()},
+                               capture_output=True, text=True, timeout=30, check=True).stdout
+        boot = next(f.split("=", 1)[1] for f in shown.split() if f.startswith("BootTime="))
+        assert datetime.datetime.fromisoformat(boot).timestamp() >= int(before)  # slurmctld saw a reboot
+    node = next(n for n in hosts_lab.client().nodes() if n.name == "n2")
+    assert not node.state & {"DOWN", "DRAIN", "NOT_RESPONDING"}, node.state  # in service: ReturnToService=2
+
+
+def test_node_reboot_refuses_a_bad_downtime(hosts_lab):
+    done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "fault", "--dir", str(hosts_lab.dir),
+                           "node-reboot", "n2", "--down-s", "-3"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode != 0 and "down_s" in done.stderr and "-3" in done.stderr, done.stderr
 
 
 def _idle(lab: LabCluster, name: str) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from slurm_ft.lab import faults, hosts
 from slurm_ft.lab.cluster import LabError, Mode, check_host_tools
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
+from slurm_ft.slurm.types import NodeInfo
 
 NODES = ("n1", "n2", "n3")
 
@@ -121,16 +122,31 @@ def test_holder_script_covers_tmp_run_shm_and_brings_shared_dirs_back():
                           "exec python3 -c pass"]
 
 
+def test_time_namespaces_where_the_kernel_has_them(tmp_path):
+    assert not hosts.time_namespaces(tmp_path)
+    (tmp_path / "time").touch()
+    assert hosts.time_namespaces(tmp_path)
+
+
+def test_machine_uptime_from_proc_uptime():
+    assert hosts.machine_uptime("12772.47 10380.61\n") == 12772.47
+    with pytest.raises(ValueError, match="/proc/uptime: cannot read ''"):
+        hosts.machine_uptime("")
+
+
 def test_holder_and_enter_commands():
     node = hosts.plan_for(Path("/tmp/lab-a"), NODES).nodes[0]
-    argv = hosts.holder_argv(node, "SCRIPT")
+    argv = hosts.holder_argv(node, "SCRIPT", machine_uptime_s=12772.47)
     assert argv[:2] == ["nsenter", f"--net=/run/netns/{node.netns}"]  # not `ip netns exec`: keeps /sys/fs/cgroup
-    assert {"--pid", "--fork", "--mount", "--uts", "--kill-child", "--mount-proc"} <= set(argv)
+    assert {"--pid", "--fork", "--mount", "--uts", "--time", "--kill-child", "--mount-proc"} <= set(argv)
+    assert argv[argv.index("--boottime") + 1] == "-12772"  # the node's uptime counts from its own start
+    assert "--time" not in hosts.holder_argv(node, "SCRIPT", machine_uptime_s=None)  # a kernel without them
     assert argv[-3:] == ["-c", "SCRIPT", "slurm-ft-node-setup"]
     final = hosts.holder_final_argv("/usr/bin/python3", node, Path("/tmp/lab-a"))
     assert final[:2] == ["/usr/bin/python3", "-c"] and final[-3:] == ["slurm-ft-node", "/tmp/lab-a", "n1"]
     assert hosts.enter_argv(42, ["slurmd", "-D"]) == ["nsenter", "-t", "42", "--net", "--mount", "--uts", "--pid",
-                                                      "--", "slurmd", "-D"]
+                                                      "--time", "--", "slurmd", "-D"]
+    assert "--time" not in hosts.enter_argv(42, ["slurmd"], time_ns=False)
     ctld = hosts.controller_argv(Path("/tmp/lab a/hosts"), ["/usr/sbin/slurmctld", "-D"])
     assert ctld == ["unshare", "--mount", "/bin/sh", "-c",
                     "mount --bind '/tmp/lab a/hosts' /etc/hosts && exec /usr/sbin/slurmctld -D"]
@@ -194,6 +210,20 @@ class _FakeLab:
     def stop_node(self, name):
         self.calls.append(("stop_node", name))
 
+    def start_node(self, name):
+        self.calls.append(("start_node", name))
+
+    def client(self):
+        lab = self
+
+        class _Client:
+            def nodes(self):  # Slurm sees the booted node respond on its second look
+                lab.calls.append(("nodes",))
+                looks = sum(call == ("nodes",) for call in lab.calls)
+                return [NodeInfo(name="n2", state=frozenset({"IDLE"} if looks > 1 else {"IDLE", "NOT_RESPONDING"}))]
+
+        return _Client()
+
 
 @pytest.mark.parametrize("rate", ["10mbit", "500kbit", "1.5mbps", "64bit"])
 def test_check_rate_accepts_tc_rates(rate):
@@ -219,6 +249,20 @@ def test_inject_maps_each_network_fault_to_the_lab():
         faults.inject(lab, "slow-link", "n3")
     with pytest.raises(ValueError, match="'unplug'"):
         faults.inject(lab, "unplug", "n3")
+
+
+def test_reboot_node_kills_the_host_waits_and_boots_it_until_slurm_has_it_back():
+    lab, slept = _FakeLab(), []
+    assert faults.reboot_node(lab, "n2", 3.0, sleep=slept.append) == [7, 8]
+    assert slept == [3.0]
+    assert lab.calls == [("kill_host", "n2"), ("start_node", "n2"), ("nodes",), ("nodes",)]
+
+
+def test_inject_node_reboot_checks_its_downtime_before_touching_the_node():
+    lab = _FakeLab()
+    with pytest.raises(ValueError, match=r"^down_s: .*got -1"):
+        faults.inject(lab, "node-reboot", "n2", down_s=-1)
+    assert lab.calls == []
 
 
 def test_crash_node_is_the_death_of_the_host_in_hosts_mode():

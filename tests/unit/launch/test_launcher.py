@@ -481,7 +481,7 @@ def test_node_failing_the_probe_is_swapped_for_a_spare(tmp_path):
     run = tmp_path / "run"
     probed = []
 
-    def probe(nodes):
+    def probe(nodes, since):
         probed.append(list(nodes))
         return {"n2": "probe step failed (exit 233)"} if len(probed) == 1 else {}
 
@@ -500,7 +500,7 @@ def test_no_spare_waits_for_slurm_to_declare_the_node_then_names_it_in_the_comme
     states = [{}]
     comments = []
     launcher, runner, clock = make(tmp_path, [Script(run, code=1)], states=states, node_fail_wait_s=30.0,
-                                   probe=lambda nodes: {"n2": "probe step did not finish within 10s"},
+                                   probe=lambda nodes, since: {"n2": "probe step did not finish within 10s"},
                                    set_comment=comments.append)
     start = clock.now
 
@@ -520,9 +520,21 @@ def test_no_spare_waits_for_slurm_to_declare_the_node_then_names_it_in_the_comme
 def test_no_spare_and_slurm_never_declares_gives_up_after_the_wait(tmp_path):
     run = tmp_path / "run"
     launcher, runner, clock = make(tmp_path, [Script(run, code=1)], states=[{}], node_fail_wait_s=20.0,
-                                   probe=lambda nodes: {"n1": "probe step failed (exit 1)"})
+                                   probe=lambda nodes, since: {"n1": "probe step failed (exit 1)"})
     assert launcher.run() == EX_TEMPFAIL
     assert events(tmp_path)[-1]["unconfirmed"] == ["n1"]
+
+
+def test_no_spare_and_a_rebooted_node_goes_to_the_monitor_without_waiting_for_slurm(tmp_path):
+    """Slurm has a node back from its reboot in service: it will never declare it, so no wait for that."""
+    run = tmp_path / "run"
+    launcher, runner, clock = make(tmp_path, [Script(run, code=1)], states=[{}], node_fail_wait_s=20.0,
+                                   probe=lambda nodes, since: {"n2": "rebooted 9 s after the attempt started: "
+                                                                     "nothing it held survived"})
+    start = clock.now
+    assert launcher.run() == EX_TEMPFAIL
+    assert clock.now - start < 20.0 and not [e for e in events(tmp_path) if e["event"] == "node_fail_wait"]
+    assert events(tmp_path)[-1]["bad"] == ["n2"] and events(tmp_path)[-1]["unconfirmed"] == []
 
 
 def test_a_stop_puts_the_verdict_in_the_comment_while_the_job_still_runs(tmp_path):
@@ -706,7 +718,7 @@ def test_a_dead_node_keeps_its_name_in_the_verdict(tmp_path):
     run = tmp_path / "run"
     probe = [{"n2": "probe step failed (exit 233)"}, {}]
     launcher, _, _ = make(tmp_path, [KilledRank(run, code=137), Script(run)], allocation=("n1", "n2", "n3"),
-                          states=[{}], spare_nodes=1, max_restarts=0, probe=lambda nodes: probe.pop(0),
+                          states=[{}], spare_nodes=1, max_restarts=0, probe=lambda nodes, since: probe.pop(0),
                           classify_fn=classify)
     assert launcher.run() == 0
     [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
@@ -785,7 +797,7 @@ def test_spare_nodes_get_standbys_too_and_a_node_death_spares_the_others(tmp_pat
     runner = Runner([Script(run, code=1, steps=3), standby, Script(run, code=1, steps=3), Script(run)])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
                         clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr,
-                        probe=lambda nodes: probe.pop(0))
+                        probe=lambda nodes, since: probe.pop(0))
     assert launcher.run() == 0
     [standby_step] = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert standby_step[1:5] == ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--nodelist=n1,n2,n3"]
@@ -810,11 +822,44 @@ def test_nodes_whose_standby_step_ended_get_a_new_one_without_the_bad_node(tmp_p
     runner = Runner([Script(run, code=1, steps=3), first, Ends(run), second])
     launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
                         clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr,
-                        probe=lambda nodes: probe.pop(0))
+                        probe=lambda nodes, since: probe.pop(0))
     assert launcher.run() == 0
     steps = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
     assert [a[4] for a in steps] == ["--nodelist=n1,n2,n3", "--nodelist=n1,n3"]  # not on the bad node n2
     assert second.signals == [signal.SIGUSR2] and first.signals == []  # an ended step gets no stop signal
+
+
+def test_a_node_that_rebooted_under_the_attempt_is_swapped_out_and_takes_its_standby_step_along(tmp_path):
+    """A node back from a reboot answers the probe but held nothing any more: the probe names it (it booted after
+    the attempt started) and the launcher ends the standby step it was part of (srun aborts such a step, killing
+    the ranks its standbys on the other nodes had just become), so the next attempt starts cold."""
+    run = tmp_path / "run"
+    first, second = Standby(), Standby()
+    asked = []
+
+    def probe(nodes, since):
+        asked.append(since)
+        return {"n2": "rebooted 20 s after the attempt started: nothing it held survived"} if len(asked) == 1 else {}
+
+    config = LaunchConfig(command=("python3", "train.py"), run_dir=run, poll_s=1.0, kill_grace_s=3.0, standby=True,
+                          spare_nodes=1, max_restarts=2)
+    clock = Clock()
+    runner = Runner([Script(run, code=1, steps=3), first, Script(run), second])
+    launcher = Launcher(config, allocation=("n1", "n2", "n3"), environ={"PATH": "/bin"}, runner=runner,
+                        clock=clock, sleep=clock.sleep, port=lambda: 29500, addr_of=lab_addr, probe=probe,
+                        classify_fn=classify)
+    assert launcher.run() == 0
+    starts = [e for e in events(tmp_path) if e["event"] == "attempt_start"]
+    assert asked[0] == starts[0]["time"]  # the reboot is judged against the failed attempt's start
+    [dropped] = [e for e in events(tmp_path) if e["event"] == "standby_dropped"]
+    assert dropped["rebooted"] == ["n2"] and dropped["nodes"] == ["n1", "n2", "n3"]
+    assert first.killed and first.signals == []
+    attempt2 = runner.calls[2]
+    assert "--nodelist=n1,n3" in attempt2[0] and "SLURM_FT_STANDBY" not in attempt2[1]  # cold: no stale standby
+    steps = [argv for argv, _ in runner.calls if "slurm_ft.launch.standby" in argv]
+    assert [a[4] for a in steps] == ["--nodelist=n1,n2,n3", "--nodelist=n1,n3"]  # new standbys, not on n2
+    [verdict] = [e for e in events(tmp_path) if e["event"] == "verdict"]
+    assert verdict["verdict"]["culprit"]["nodes"] == ["n2"]
 
 
 @pytest.mark.parametrize("command, standby", [(("bash", "run.sh"), True), (("python", "-u", "train.py"), True),
@@ -1182,7 +1227,7 @@ def test_a_hang_while_a_nodes_link_flapped_names_that_node_and_restarts_in_place
 
     run = tmp_path / "run"
 
-    def probe(nodes):  # the probe step: each node records its counters; n2's cable was out and is back
+    def probe(nodes, since):  # the probe step: each node records its counters; n2's cable was out and is back
         _tree(tmp_path / "n2", 4, 2)
         for node in nodes:
             links.record(run, links.PROBE, node, links.SysfsLinks(tmp_path / node))

@@ -95,7 +95,7 @@ def test_only_the_nodes_that_run_again_are_waited_on_and_a_cpu_job_not_at_all(tm
     reclaim = Reclaim(Reclaimed(waited_s={"n1": 0.0}))
     launcher, runner = make(tmp_path, [KilledRank(run, code=1), Script(run)], reclaim,
                             allocation=("n1", "n2", "n3"), spare_nodes=1)
-    launcher.probe = lambda nodes: {"n2": "probe step failed (exit 1)"}
+    launcher.probe = lambda nodes, since: {"n2": "probe step failed (exit 1)"}
     assert launcher.run() == 0
     assert reclaim.calls == [(["n1"], 1)]  # n2 failed the probe: it is out anyway
     assert [c[0][4] for c in runner.calls] == ["--nodelist=n1,n2", "--nodelist=n1,n3"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slurm_ft.health.links import LinkCounters, LinkLoss, LinkSnapshot, SysfsLinks
-from slurm_ft.launch import links
+from slurm_ft.launch import links, probe
 
 
 def _tree(root: Path, changes: int, downs: int) -> Path:
@@ -56,9 +56,11 @@ def test_a_node_name_is_no_path():
         links.links_path("/tmp", links.START, "../n1")
 
 
-def test_the_probe_command_records_the_reading_and_answers_with_the_node_name(tmp_path):
+def test_the_probe_command_records_the_reading_and_answers_with_the_node_name_and_uptime(tmp_path):
     env = {**os.environ, "SLURMD_NODENAME": "n5"}
     done = subprocess.run(list(links.probe_command(sys.executable, tmp_path)), env=env, capture_output=True,
                           text=True, timeout=60, check=False)
-    assert done.returncode == 0 and done.stdout == "n5\n"
+    name, uptime = done.stdout.split()
+    assert done.returncode == 0 and name == "n5" and float(uptime) > 0
+    assert probe.boot_times(done.stdout, ["n5"], now=float(uptime) + 100.0) == {"n5": 100.0}  # what the probe reads
     assert links.read(tmp_path, links.PROBE, "n5") is not None

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from slurm_ft.core.errors import ConfigError
-from slurm_ft.launch.probe import ProbeConfig, fan_out_argv, probe_argv, probe_nodes
+from slurm_ft.launch.probe import (
+    REBOOTED,
+    UPTIME_COMMAND,
+    ProbeConfig,
+    boot_times,
+    fan_out_argv,
+    probe_argv,
+    probe_nodes,
+    rebooted_since,
+)
 
 
 class FakeProc:
@@ -60,8 +71,32 @@ def test_one_step_across_all_nodes_is_the_whole_probe_when_every_node_answers():
 
     argv = fan_out_argv(["n1", "n2"])
     assert argv[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n2"]
-    assert "--overlap" in argv and "--kill-on-bad-exit=0" in argv and argv[-2:] == ["printenv", "SLURMD_NODENAME"]
-    assert probe_nodes(["n1", "n2"], {}, spawn=spawn, run=lambda a, e, t: "n2\nn1\n") == {}
+    assert "--overlap" in argv and "--kill-on-bad-exit=0" in argv and argv[-3:-1] == ["/bin/sh", "-c"]
+    assert probe_nodes(["n1", "n2"], {}, spawn=spawn, run=lambda a, e, t: "n2 10.5\nn1 7.25\n") == {}
+    assert probe_nodes(["n1", "n2"], {}, spawn=spawn, run=lambda a, e, t: "n2\nn1\n") == {}  # no uptime: answered
+
+
+def test_the_fan_out_prints_each_nodes_name_and_uptime():
+    done = subprocess.run(["/bin/sh", "-c", UPTIME_COMMAND], env={"SLURMD_NODENAME": "n7"}, capture_output=True,
+                          text=True, check=True)
+    name, uptime = done.stdout.split()
+    assert name == "n7" and float(uptime) > 0
+    assert boot_times(f"n7 {uptime}\nn9 1.0\nn8 x\n", ["n7", "n8"], now=1000.0) == {
+        "n7": 1000.0 - float(uptime), "n8": None}
+
+
+def test_a_node_that_booted_after_the_attempt_started_fails_the_probe_though_it_answers():
+    def spawn(argv, env):
+        raise AssertionError(f"every node answered: {argv}")
+
+    answers = lambda a, e, t: "n1 5000.0\nn2 30.0\n"  # noqa: E731  n2 booted 30 s before now (1000)
+    failed = probe_nodes(["n1", "n2"], {}, since=900.0, spawn=spawn, run=answers, now=lambda: 1000.0)
+    assert failed == {"n2": "rebooted 70 s after the attempt started: nothing it held survived"}
+    assert failed["n2"].startswith(REBOOTED)
+    assert probe_nodes(["n1", "n2"], {}, since=967.0, spawn=spawn, run=answers, now=lambda: 1000.0) == {}  # slack
+    assert probe_nodes(["n1", "n2"], {}, spawn=spawn, run=answers, now=lambda: 1000.0) == {}  # no attempt start
+    assert rebooted_since({"n1": None, "n2": 980.0}, 900.0) == {"n2": "rebooted 80 s after the attempt started: "
+                                                                      "nothing it held survived"}
 
 
 def test_no_fan_out_for_one_node_and_a_failed_fan_out_probes_each_node():

@@ -442,28 +442,29 @@ def jobs_dir(cfg: DemoConfig, lab_dir: Path) -> Path:
 
 def _plug_back(lab: Any, runs: list[Run], say: Callable[[str], None], *, force: bool = False) -> None:
     """link-flap: plug the victim's cable back ``FLAP_S`` seconds after the fault (``force``: now)."""
-    for run in runs:
-        if run.name != "link-flap" or not run.victim or run.link_back is not None or run.fault_time is None:
-            continue
-        if force or time.time() >= run.fault_time + FLAP_S:
-            lab_faults.link_up(lab, run.victim)
-            run.link_back = time.time()
-            say(f"{run.name}: node {run.victim}'s link up again after {run.link_back - run.fault_time:.1f} s")
+    for run in _due_back(runs, "link-flap", "link_back", FLAP_S, force=force):
+        lab_faults.link_up(lab, run.victim)
+        run.link_back = time.time()
+        say(f"{run.name}: node {run.victim}'s link up again after {run.link_back - run.fault_time:.1f} s")
 
 
 def _boot_back(lab: Any, runs: list[Run], say: Callable[[str], None], *, force: bool = False) -> None:
     """node-reboot: boot the victim's host again ``REBOOT_DOWN_S`` seconds after the fault (``force``: now), empty,
     and wait until slurmctld has it back (``slurm_ft.lab.faults.boot_node``)."""
-    for run in runs:
-        if run.name != "node-reboot" or not run.victim or run.booted is not None or run.fault_time is None:
-            continue
-        if force or time.time() >= run.fault_time + REBOOT_DOWN_S:
-            lab_faults.boot_node(lab, run.victim)
-            run.booted = time.time()
-            run.left_files = lab_faults.node_local_files(lab, run.victim)
-            state = next(("+".join(sorted(n.state)) for n in lab.client().nodes() if n.name == run.victim), "?")
-            say(f"{run.name}: node {run.victim} booted again after {run.booted - run.fault_time:.1f} s, "
-                f"{len(run.left_files or [])} files in /tmp and /dev/shm, slurmd registered ({state})")
+    for run in _due_back(runs, "node-reboot", "booted", REBOOT_DOWN_S, force=force):
+        lab_faults.boot_node(lab, run.victim)
+        run.booted = time.time()
+        run.left_files = lab_faults.node_local_files(lab, run.victim)
+        state = next(("+".join(sorted(n.state)) for n in lab.client().nodes() if n.name == run.victim), "?")
+        say(f"{run.name}: node {run.victim} booted again after {run.booted - run.fault_time:.1f} s, "
+            f"{len(run.left_files or [])} files in /tmp and /dev/shm, slurmd registered ({state})")
+
+
+def _due_back(runs: list[Run], scenario: str, done: str, delay_s: float, *, force: bool) -> list[Run]:
+    """The runs of ``scenario`` whose fault was injected ``delay_s`` ago or more (``force``: any) and not undone
+    yet (their ``done`` field still None)."""
+    return [run for run in runs if run.name == scenario and run.victim and getattr(run, done) is None
+            and run.fault_time is not None and (force or time.time() >= run.fault_time + delay_s)]
 
 
 def _fault_time(run: Run, step: int) -> float:

@@ -25,6 +25,7 @@ from slurm_ft.core.taxonomy import Action, Category, Verdict
 from slurm_ft.launch.cli import config_from_args, register
 from slurm_ft.launch.launcher import EX_TEMPFAIL, HangWatch, LaunchConfig, Launcher, choose_nodes, unhealthy
 from slurm_ft.slurm.types import NodeInfo
+from tests.unit.launch.test_links import _tree  # a node's /sys with eth0's link counters
 
 
 class Clock:
@@ -1199,15 +1200,6 @@ def test_records_from_a_node_outside_the_attempt_are_not_its_ranks(tmp_path):
     assert launcher.run() == 0
     assert len(runner.calls) == 1
     assert "fault_detected" not in [e["event"] for e in events(tmp_path)]
-
-
-def _tree(root, changes: int, downs: int):
-    """A node's /sys with eth0's link counters."""
-    folder = root / "class/net/eth0"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "carrier_changes").write_text(f"{changes}\n")
-    (folder / "carrier_down_count").write_text(f"{downs}\n")
-    return root
 
 
 class FlappedLink(Script):

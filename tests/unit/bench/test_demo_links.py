@@ -119,3 +119,20 @@ def test_slow_link_must_run_on_without_a_fault_verdict():
     failed = [what for what, held in run_checks(cfg, run, _timing(0.0), hung, "x", {}, _Quarantine()) if not held]
     assert failed == ["no fault detected", "one attempt, not requeued"]
     assert [w for w, held in culprit_checks(run, [], {"category": "hang"}) if not held] == ["no verdict"]
+    # its node quarantined by another scenario's fault (link-down on the same node in the matrix) is no failure;
+    # a strike for this job is
+    slow = Run(name="slow-link", ckpt=Path("/c"), victim="n2", final=_final(), job_id=8,
+               result={"step": cfg.steps, "param_sha256": "x"})
+    other = _Quarantine("n2", struck=(("n2", 6, "hardware_node"),))
+    assert all(held for _, held in run_checks(cfg, slow, _timing(0.0), one, "x", {}, other))
+    mine = _Quarantine(struck=(("n2", 8, "network"),))
+    assert [w for w, held in run_checks(cfg, slow, _timing(0.0), one, "x", {}, mine) if not held] == [
+        "n2 not struck for this job"]
+
+
+def test_the_demo_lab_keeps_finished_jobs_until_the_checks_read_them():
+    from slurm_ft.bench.demo import demo_lab_config
+
+    hosts = demo_lab_config(DemoConfig(dir=Path("/tmp/d"), hosts=True))
+    assert hosts.nodes == 5 and hosts.min_job_age >= 1800  # the full matrix ran 539 s: jobs of 300 s were gone
+    assert demo_lab_config(DemoConfig(dir=Path("/tmp/d"))).nodes == 4

@@ -98,9 +98,9 @@ class DemoConfig:
     """``dir`` (--dir), ``scenarios`` (--scenarios; None: ``default_scenarios``), ``steps`` (--steps),
     ``fault_step`` (steps done before a fault), ``step_time_s``, ``timeout_s`` (--timeout: all jobs), ``keep_lab``
     (--keep-lab), ``hosts`` (every lab node a host of its own, which the network faults need: None where this
-    machine allows namespaces, True insists (--hosts), False: all on 127.0.0.1 (--single-address)). ``refused``:
-    why namespaces were refused, when that made ``hosts`` False; ``note``: the line that says a default scenario
-    was skipped."""
+    machine allows namespaces, True insists (--hosts), False: all on 127.0.0.1 (--single-address)). ``auto``:
+    ``hosts`` was None (the lab then chooses, and says why); ``refused``: why namespaces were refused, when that
+    made ``hosts`` False; ``note``: the line that says a default scenario was skipped."""
 
     dir: Path
     scenarios: tuple[str, ...] | None = None
@@ -110,11 +110,13 @@ class DemoConfig:
     timeout_s: float = 600.0
     keep_lab: bool = False
     hosts: bool | None = None
+    auto: bool = dataclasses.field(default=False, init=False)
     refused: str | None = dataclasses.field(default=None, init=False)
     note: str = dataclasses.field(default="", init=False)
 
     def __post_init__(self) -> None:
         if self.hosts is None:
+            object.__setattr__(self, "auto", True)
             object.__setattr__(self, "refused", lab_hosts.refusal())
             object.__setattr__(self, "hosts", self.refused is None)
         if self.scenarios is None:
@@ -360,7 +362,7 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print,
     """Run the scenarios; return the summary table and the checks that failed (empty: all held). ``collect``
     receives the runs, the monitor's verdicts and the nodes quarantined at the end (``slurm-ft bench faults``)."""
     nodes = 5 if cfg.hosts else 4  # hosts: room for link-down's 3 nodes once node-death's host is quarantined
-    lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=nodes, hosts=None if cfg.refused else cfg.hosts))
+    lab = LabCluster(LabConfig(dir=cfg.dir / "lab", nodes=nodes, hosts=None if cfg.auto else cfg.hosts))
     say(f"lab: starting a {nodes}-node Slurm cluster in {lab.dir}" + (" (every node a host)" if cfg.hosts else ""))
     if cfg.note:
         say(f"demo: {cfg.note}")

@@ -67,7 +67,8 @@ def test_the_default_follows_what_this_machine_allows(monkeypatch):
         DemoConfig(dir=Path("/tmp/d"), scenarios=("link-flap",))
     monkeypatch.setattr(demo.lab_hosts, "refusal", lambda: None)
     allowed = DemoConfig(dir=Path("/tmp/d"))
-    assert allowed.hosts is True and "link-down" in allowed.scenarios and allowed.note == ""
+    assert allowed.hosts is True and "link-down" in allowed.scenarios and allowed.note == "" and allowed.auto
+    assert not DemoConfig(dir=Path("/tmp/d"), hosts=True).auto
 
 
 def test_jobs_live_in_the_shared_lab_dir_in_hosts_mode():  # every node's /tmp is its own there

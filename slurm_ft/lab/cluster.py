@@ -267,6 +267,7 @@ class LabCluster:
         say = progress or (lambda _msg: None)
         state = self._read_state()
         if not state.get("daemons"):
+            self._stop_unrecorded_hosts(say)
             self._network_down(say)
             say(f"no lab running in {self.dir}")
             return
@@ -572,8 +573,19 @@ class LabCluster:
         holders = procs.stop([d for d in daemons if d.name.startswith("host-")], timeout=3.0)
         if holders:
             say(f"stopped hosts {', '.join(f'{d.name} ({d.pid})' for d in holders)}")
+        self._stop_unrecorded_hosts(say)
         state["daemons"] = []
         self._write_state(state)
+
+    def _stop_unrecorded_hosts(self, say: Progress) -> None:
+        """Kill this lab's node holders that its state does not record (a signal came while one started, before
+        ``_spawn`` wrote it down): with each, everything in its namespaces dies."""
+        spared = procs.ancestors(os.getpid())
+        found = [procs.identify(pid, name="host") for pid in procs.all_pids()
+                 if pid not in spared and hosts.is_holder_of(procs.cmdline(pid), self.dir)]
+        stopped = procs.stop([d for d in found if d is not None], timeout=0.0)
+        if stopped:
+            say(f"stopped {len(stopped)} unrecorded host processes: {', '.join(str(d.pid) for d in stopped)}")
 
     def _cancel_jobs(self, say: Progress) -> None:
         try:

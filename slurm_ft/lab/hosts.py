@@ -244,6 +244,16 @@ def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
     return [python, "-c", HOLDER_CODE, HOLDER_TAG, str(lab_dir), node.name]
 
 
+def is_holder_of(argv: Sequence[str], lab_dir: Path) -> bool:
+    """Whether ``argv`` is one of lab ``lab_dir``'s node holders (``holder_final_argv``), or the ``unshare`` or
+    setup shell that is becoming one (``holder_argv``): what ``down`` must stop even where the lab's state does not
+    record it (a signal that came while it started)."""
+    if len(argv) >= 5 and tuple(argv[3:5]) == (HOLDER_TAG, str(lab_dir)):
+        return True
+    mark = f" {HOLDER_TAG} {shlex.quote(str(lab_dir))} "
+    return len(argv) >= 2 and argv[-1] == f"{HOLDER_TAG}-setup" and mark in argv[-2]
+
+
 def holder_argv(node: NodeHost, script: str) -> list[str]:
     """Start a node: its network namespace (entered with nsenter, not ``ip netns exec``, which remounts /sys
     and so hides /sys/fs/cgroup, which slurmd needs), then fresh PID (the script is its pid 1), mount and UTS

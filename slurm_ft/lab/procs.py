@@ -105,6 +105,16 @@ def nspids(status_text: str) -> tuple[int, ...]:
     return ()
 
 
+def inner_pid(pid: int) -> int:
+    """``pid`` as its own PID namespace numbers it (a process on a lab host: its pid there, as the host's own
+    tools and drivers see it); ``pid`` itself in ours, or when it is gone."""
+    try:
+        ids = nspids(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return pid
+    return ids[-1] if ids else pid
+
+
 def outer_pid(inner: int, namespace: str) -> int | None:
     """The pid, as this namespace numbers it, of the process that is ``inner`` inside PID namespace ``namespace``
     (a lab host's: what a rank there writes as its pid), or None when there is none. In this process's own

@@ -54,7 +54,8 @@ def test_the_probe_itself_is_refused_without_the_right_to_unshare(root):
 
 def test_a_pid_written_on_a_host_is_found_from_the_controllers_side(root):
     """A rank on a lab host writes its pid as its own PID namespace numbers it; the lab's fault tools (which run
-    on the controller's side) find that process by it, and not whatever has the same number here."""
+    on the controller's side) find that process by it, and not whatever has the same number here; and they name a
+    process to the host's own tools (its fake NVML) by that number."""
     holder = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c",
                                "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
     try:
@@ -67,6 +68,7 @@ def test_a_pid_written_on_a_host_is_found_from_the_controllers_side(root):
         assert procs.nspids(Path(f"/proc/{sleeper}/status").read_text()) == (sleeper, inner)
         assert procs.outer_pid(os.getpid(), procs.pid_namespace(os.getpid())) == os.getpid()  # ours: the same
         assert procs.outer_pid(inner + 1000, inside) is None
+        assert procs.inner_pid(sleeper) == inner and procs.inner_pid(os.getpid()) == os.getpid()
     finally:
         holder.kill()  # --kill-child: the namespace's init, and so everything in it, dies with it
         holder.wait()

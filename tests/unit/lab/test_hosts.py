@@ -276,3 +276,17 @@ def test_cli_hosts_and_single_address_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["lab", "up", "--hosts", "--single-address"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_holder_of_the_lab_is_known_by_its_argv_also_while_it_starts():
+    lab_dir = Path("/tmp/lab a")
+    node = hosts.plan_for(lab_dir, NODES).nodes[0]
+    final = hosts.holder_final_argv("/usr/bin/python3", node, lab_dir)
+    script = hosts.holder_script(node, shared=[lab_dir], hosts_path=lab_dir / "hosts", final_argv=final)
+    wrapper = hosts.holder_argv(node, script)
+    assert hosts.is_holder_of(final, lab_dir)
+    assert hosts.is_holder_of(wrapper, lab_dir)  # unshare, before its shell execs the holder
+    assert hosts.is_holder_of(wrapper[wrapper.index("/bin/sh"):], lab_dir)  # the setup shell
+    other = Path("/tmp/lab")
+    assert not hosts.is_holder_of(final, other) and not hosts.is_holder_of(wrapper, other)
+    assert not hosts.is_holder_of(("sleep", "60"), lab_dir) and not hosts.is_holder_of((), lab_dir)

@@ -111,3 +111,25 @@ def test_second_lab_runs_beside_and_down_leaves_nothing(lab):
     finally:
         _slurm_ft("lab", "down", "--dir", str(other_dir))
         subprocess.run(["rm", "-rf", str(other_dir)], check=False)
+
+
+def test_where_namespaces_are_refused_the_lab_falls_back_and_says_why(lab):  # `lab`: skipped where none can run
+    """Without CAP_SYS_ADMIN (a container's root, say) no namespace can be made: ``lab up`` runs the nodes on one
+    address and ``lab status`` says why; ``lab up --hosts`` refuses in one line."""
+    drop = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-m", "slurm_ft.cli"]
+    lab_dir = Path(tempfile.mkdtemp(prefix="slurm-ft-lab3-", dir="/tmp"))
+    try:
+        insisted = subprocess.run([*drop, "lab", "up", "--dir", str(lab_dir), "--nodes", "1", "--no-hooks", "--hosts"],
+                                  capture_output=True, text=True, timeout=120, check=False)
+        assert insisted.returncode != 0 and len(insisted.stderr.strip().splitlines()) == 1, insisted.stderr
+        assert insisted.stderr.startswith("slurm-ft: --hosts: this machine refuses the namespaces hosts mode needs (")
+        up = subprocess.run([*drop, "lab", "up", "--dir", str(lab_dir), "--nodes", "1", "--no-hooks"],
+                            capture_output=True, text=True, timeout=120, check=False)
+        assert up.returncode == 0, up.stderr
+        status = _slurm_ft("lab", "status", "--dir", str(lab_dir))
+        assert status.returncode == 0, status.stderr
+        line = status.stdout.splitlines()[1]
+        assert line.startswith("mode: single-address (namespaces refused: unshare ") and "Operation not permitted" in line
+    finally:
+        _slurm_ft("lab", "down", "--dir", str(lab_dir))
+        subprocess.run(["rm", "-rf", str(lab_dir)], check=False)

@@ -335,8 +335,8 @@ class LabCluster:
 
     def _require_hosts(self) -> None:
         if self.mode is not Mode.HOSTS:
-            raise LabError(f"the lab in {self.dir} runs in {self.mode.value} mode; network faults need "
-                           "`slurm-ft lab up --hosts`")
+            raise LabError(f"the lab in {self.dir} runs in {self.mode.value} mode ({self.mode_reason}); network "
+                           "faults need its nodes to be hosts (`slurm-ft lab up --hosts`)")
 
     def _host_holder(self, name: str) -> procs.Daemon | None:
         self._require_hosts()
@@ -398,7 +398,8 @@ class LabCluster:
         daemon_env = self._daemon_env()
         mode = Mode.HOSTS if layout.hosts_mode else Mode.SINGLE_ADDRESS
         state: dict[str, Any] = {
-            "version": 1, "mode": mode.value, "mode_reason": why, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
+            "version": 1, "mode": mode.value, "mode_reason": why,
+            "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
             "nodes": list(layout.node_names), "cpus_per_node": layout.cpus_per_node, "daemons": [],
         }
         try:

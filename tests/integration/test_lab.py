@@ -129,7 +129,8 @@ def test_where_namespaces_are_refused_the_lab_falls_back_and_says_why(lab):  # `
         status = _slurm_ft("lab", "status", "--dir", str(lab_dir))
         assert status.returncode == 0, status.stderr
         line = status.stdout.splitlines()[1]
-        assert line.startswith("mode: single-address (namespaces refused: unshare ") and "Operation not permitted" in line
+        assert line.startswith("mode: single-address (namespaces refused: unshare ")
+        assert "Operation not permitted" in line
     finally:
         _slurm_ft("lab", "down", "--dir", str(lab_dir))
         subprocess.run(["rm", "-rf", str(lab_dir)], check=False)

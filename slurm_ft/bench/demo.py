@@ -36,9 +36,11 @@ per scenario (exclusive nodes), all at once (Slurm runs two at a time):
   hang in different collectives at the same sequence number; the dumps show both calls, the verdict is
   ``user_code`` after one attempt, and no restart is taken from the budget.
 
-``--hosts`` runs the demo on a lab whose nodes are hosts of their own (``slurm-ft lab up --hosts``): there
-``node-death`` is the death of the whole host (every process on it, its link down), and the jobs' directory lies
-inside the lab dir (the cluster's shared filesystem: every node's ``/tmp`` is its own).
+The demo's lab is one whose nodes are hosts of their own (``slurm-ft lab up``'s default) wherever this machine
+allows namespaces (``--hosts`` insists, ``--single-address`` forces all nodes onto 127.0.0.1): there ``node-death``
+is the death of the whole host (every process on it, its link down), the jobs' directory lies inside the lab dir
+(the cluster's shared filesystem: every node's ``/tmp`` is its own), and the default scenarios include
+``link-down``; where the nodes are not hosts the demo says so in one line and skips it.
 
 Then a table (fault, verdict, culprit, detection, recovery, steps lost, parameters equal to the clean run's, where
 the restart's state came from: ``memory@N``, ``peer@N`` or ``disk@N``, the trainer's own ``resume`` event) and ETTR
@@ -76,6 +78,7 @@ from slurm_ft.core.rundir import read_events, read_heartbeats
 from slurm_ft.core.taxonomy import Category, culprit_text
 from slurm_ft.lab import faults as lab_faults
 from slurm_ft.lab import gpus as lab_gpus
+from slurm_ft.lab import hosts as lab_hosts
 from slurm_ft.lab.cluster import LabCluster, LabConfig
 from slurm_ft.lab.faults import crash_node, fault_timing, first_attempt_only, signal_rank
 from slurm_ft.lab.interrupt import run_to_the_end, teardown
@@ -84,6 +87,7 @@ from slurm_ft.slurm.types import JobInfo, JobState
 SCENARIOS = ("clean", "kill-rank", "hang", "stuck-loader", "node-death", "user-error", "desync", "gpu-held",
              "link-down", "link-flap", "slow-link", "node-reboot")
 HOSTS_ONLY = ("link-down", "link-flap", "slow-link", "node-reboot")  # real network and host faults (--hosts)
+DEFAULT_NETWORK = ("link-down",)  # the network faults the demo runs by default, where the nodes are hosts
 INJECTED = ("kill-rank", "hang", "node-death", "gpu-held", *HOSTS_ONLY)  # the demo injects these from outside the job
 NO_RESTART = ("slow-link",)  # injected, and nothing may be restarted for it
 IN_TRAINER = ("stuck-loader", "desync")  # the trainer's own flags inject these; the demo says when they fire
@@ -105,27 +109,44 @@ ENDED = {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEO
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class DemoConfig:
-    """``dir`` (--dir), ``scenarios`` (--scenarios), ``steps`` (--steps), ``fault_step`` (steps done before a
-    fault), ``step_time_s``, ``timeout_s`` (--timeout: all jobs), ``keep_lab`` (--keep-lab), ``hosts`` (--hosts:
-    every lab node a host of its own; the network faults need it)."""
+    """``dir`` (--dir), ``scenarios`` (--scenarios; None: ``default_scenarios``), ``steps`` (--steps),
+    ``fault_step`` (steps done before a fault), ``step_time_s``, ``timeout_s`` (--timeout: all jobs), ``keep_lab``
+    (--keep-lab), ``hosts`` (every lab node a host of its own, which the network faults need: None where this
+    machine allows namespaces, True insists (--hosts), False: all on 127.0.0.1 (--single-address)). ``auto``:
+    ``hosts`` was None (the lab then chooses, and says why); ``refused``: why namespaces were refused, when that
+    made ``hosts`` False; ``note``: the line that says a default scenario was skipped."""
 
     dir: Path
-    scenarios: tuple[str, ...] = tuple(s for s in SCENARIOS if s not in HOSTS_ONLY)
+    scenarios: tuple[str, ...] | None = None
     steps: int = 24
     fault_step: int = 10
     step_time_s: float = 0.3
     timeout_s: float = 600.0
     keep_lab: bool = False
-    hosts: bool = False
+    hosts: bool | None = None
+    auto: bool = dataclasses.field(default=False, init=False)
+    refused: str | None = dataclasses.field(default=None, init=False)
+    note: str = dataclasses.field(default="", init=False)
 
     def __post_init__(self) -> None:
+        if self.hosts is None:
+            object.__setattr__(self, "auto", True)
+            object.__setattr__(self, "refused", lab_hosts.refusal())
+            object.__setattr__(self, "hosts", self.refused is None)
+        if self.scenarios is None:
+            object.__setattr__(self, "scenarios", default_scenarios(self.hosts))
+            if not self.hosts:
+                why = f"namespaces refused: {self.refused}" if self.refused else "--single-address"
+                object.__setattr__(self, "note", f"{', '.join(DEFAULT_NETWORK)} skipped: the lab's nodes are not "
+                                                 f"hosts ({why})")
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
             raise ValueError(f"scenarios: unknown {unknown[0]!r} (known: {', '.join(SCENARIOS)}) (--scenarios)"
                              if unknown else "scenarios: give at least one (--scenarios)")
         needs_hosts = [s for s in self.scenarios if s in HOSTS_ONLY]
         if needs_hosts and not self.hosts:
-            raise ValueError(f"scenarios: {needs_hosts[0]!r} needs a lab whose nodes are hosts (--hosts)")
+            why = f"namespaces refused here: {self.refused}" if self.refused else "not with --single-address"
+            raise ValueError(f"scenarios: {needs_hosts[0]!r} needs a lab whose nodes are hosts ({why})")
         if "clean" not in self.scenarios:  # the reference for the checksum and ETTR
             object.__setattr__(self, "scenarios", ("clean", *self.scenarios))
         if not 1 <= self.fault_step < self.steps - EVERY:
@@ -161,12 +182,18 @@ class Run:
         return self.ckpt / ".slurm-ft"
 
 
+def default_scenarios(hosts: bool) -> tuple[str, ...]:
+    """Every scenario but the network faults, and (where the nodes are hosts) ``DEFAULT_NETWORK`` too."""
+    return tuple(s for s in SCENARIOS if s not in HOSTS_ONLY or (hosts and s in DEFAULT_NETWORK))
+
+
 # --- jobs -------------------------------------------------------------------------------------------------------
 def demo_lab_config(cfg: DemoConfig) -> LabConfig:
     """The demo's lab: 5 nodes where they are hosts (room for link-down's 3 nodes once node-death's host is
     quarantined), else 4; MinJobAge 1 h, since the checks read every job's final state after the last one ends
     (the full hosts matrix runs about 9 minutes, past Slurm's default 300 s, after which a job is gone)."""
-    return LabConfig(dir=cfg.dir / "lab", nodes=5 if cfg.hosts else 4, hosts=cfg.hosts, min_job_age=3600)
+    return LabConfig(dir=cfg.dir / "lab", nodes=5 if cfg.hosts else 4, hosts=None if cfg.auto else cfg.hosts,
+                     min_job_age=3600)
 
 
 def batch_script(cfg: DemoConfig, run: Run) -> str:
@@ -369,6 +396,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print,
     lab = LabCluster(demo_lab_config(cfg))
     nodes = lab.config.nodes
     say(f"lab: starting a {nodes}-node Slurm cluster in {lab.dir}" + (" (every node a host)" if cfg.hosts else ""))
+    if cfg.note:
+        say(f"demo: {cfg.note}")
     workdir = jobs_dir(cfg, lab.dir)
     runs = [Run(name=name, ckpt=workdir / f"ck-{name}") for name in
             sorted(cfg.scenarios, key=lambda n: (n != "node-death", SCENARIOS.index(n)))]  # longest first
@@ -741,9 +770,14 @@ def register(subparsers: argparse._SubParsersAction, name: str = "demo") -> None
     parser.add_argument("--dir", help="working directory (default: a new one under /tmp)")
     parser.add_argument("--scenarios", default=None,
                         help=f"comma-separated subset of {','.join(SCENARIOS)} (clean always runs; default: all "
-                        f"but {', '.join(HOSTS_ONLY)}, which need --hosts)")
-    parser.add_argument("--hosts", action="store_true",
-                        help="every lab node a host of its own (namespaces; `slurm-ft lab up --hosts`)")
+                        f"but {', '.join(HOSTS_ONLY)}, and {', '.join(DEFAULT_NETWORK)} too where the lab's nodes "
+                        "are hosts)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--hosts", action="store_const", const=True, dest="hosts", default=None,
+                      help="insist that every lab node be a host of its own (default: where this machine allows "
+                           "namespaces, as `slurm-ft lab up`)")
+    mode.add_argument("--single-address", action="store_const", const=False, dest="hosts",
+                      help=f"all lab nodes on 127.0.0.1 (no {', '.join(HOSTS_ONLY)})")
     parser.add_argument("--steps", type=int, default=24, help="training steps per job (default 24)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for all jobs (default 600)")
     parser.add_argument("--keep-lab", action="store_true", help="leave the lab running afterwards")

@@ -193,6 +193,7 @@ class Bench:
         self.say(f"lab: starting a {self.config.lab_nodes}-node Slurm cluster in {self.lab.dir}")
         try:  # a signal while the lab comes up (slurm_ft.lab.interrupt) takes it down too
             self.lab.up(progress=lambda m: self.say(f"lab: {m}"))
+            self.jobs_dir = jobs_dir(self.config.dir, self.lab.dir, hosts=self.lab.mode.value == "hosts")
             state = self.lab.state_dir
             self.jobs_dir.mkdir(parents=True, exist_ok=True)
             _open_up(self.config.dir)
@@ -320,6 +321,12 @@ class Bench:
         if self.monitor is not None and self.monitor.quarantine.is_quarantined(node):
             self.monitor.quarantine.release(node, by="bench")
         self.say(f"lab: node {node} back in service")
+
+
+def jobs_dir(bench_dir: Path, lab_dir: Path, *, hosts: bool) -> Path:
+    """Where the jobs' scripts, output and checkpoints go: next to the lab, or (its nodes hosts of their own, each
+    with its own /tmp) inside the lab dir, the one directory every node shares."""
+    return lab_dir / "jobs" if hosts else bench_dir / "jobs"
 
 
 def _open_up(path: Path) -> None:

@@ -10,13 +10,16 @@ from pathlib import Path
 
 from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, Mode, default_lab_dir
 from slurm_ft.lab.faults import REBOOT_DOWN_S, NetFault, inject
+from slurm_ft.lab.hosts import HostPlan
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
 
 def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(name, help="start, inspect or stop a real local Slurm cluster (needs root)",
-                                   description="A real Slurm cluster on this host: munged, slurmctld and N slurmd "
-                                               "on loopback, everything in one lab directory.")
+                                   description="A real Slurm cluster on this host: munged, slurmctld and N slurmd, "
+                                               "every node a host of its own (network, hostname, PID and mount "
+                                               "namespaces) where this machine allows it, else all on 127.0.0.1; "
+                                               "everything in one lab directory.")
     sub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
 
     up = sub.add_parser("up", help="start the lab (idempotent) and wait until all nodes are ready")
@@ -27,15 +30,20 @@ def register(subparsers: argparse._SubParsersAction, name: str) -> None:  # type
                     help="first of nodes+1 ports (default: a free block, kept across restarts)")
     up.add_argument("--no-hooks", action="store_true",
                     help="do not wire in slurm-ft's prolog/epilog/SPANK plugin")
-    up.add_argument("--hosts", action="store_true",
-                    help="every node a host of its own: network, hostname, PID and mount namespaces on a lab "
-                         "bridge (default: all nodes on 127.0.0.1)")
+    mode = up.add_mutually_exclusive_group()
+    mode.add_argument("--hosts", action="store_const", const=True, dest="hosts", default=None,
+                      help="insist that every node be a host of its own (network, hostname, PID and mount "
+                           "namespaces on a lab bridge): fail where namespaces are refused (default: hosts where "
+                           "this machine allows them, else single-address, said so in `lab status`)")
+    mode.add_argument("--single-address", action="store_const", const=False, dest="hosts",
+                      help="all nodes on 127.0.0.1 with this host's name (the mode before hosts)")
     up.add_argument("--fresh", action="store_true", help="stop the lab and clear its Slurm state first")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes (default 60)")
     up.set_defaults(func=_up)
 
     fault = sub.add_parser("fault", help="hosts mode: pull, plug or throttle a node's link, kill or reboot its host",
-                           description="Network and host faults on a lab started with `lab up --hosts`.")
+                           description="Network and host faults on a lab whose nodes are hosts (`lab status`: mode: "
+                                       "hosts).")
     _add_dir(fault)
     fault.add_argument("fault", choices=[f.value for f in NetFault], help="what happens to the node")
     fault.add_argument("node", help="node name (n1..nN)")
@@ -63,7 +71,7 @@ def _cluster(args: argparse.Namespace) -> LabCluster:
         config = LabConfig(
             dir=args.dir or default_lab_dir(), nodes=getattr(args, "nodes", 4), cpus_per_node=getattr(args, "cpus", 2),
             base_port=getattr(args, "base_port", None), hooks=not getattr(args, "no_hooks", False),
-            start_timeout=getattr(args, "timeout", 60.0), hosts=getattr(args, "hosts", False),
+            start_timeout=getattr(args, "timeout", 60.0), hosts=getattr(args, "hosts", None),
         )
     except ValueError as exc:
         raise LabError(str(exc)) from exc
@@ -91,8 +99,8 @@ def _status(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
     nodes, jobs = cluster.status()
     print(f"lab {cluster.dir} (SLURM_CONF={cluster.conf_path})")
-    print(f"mode: {cluster.mode.value}" + (f" ({cluster.host_plan.subnet}, bridge {cluster.host_plan.bridge})"
-                                          if cluster.mode is Mode.HOSTS else ""))
+    print(mode_line(cluster.mode, cluster.mode_reason,
+                    cluster.host_plan if cluster.mode is Mode.HOSTS else None))
     print(format_nodes(nodes))
     print()
     print(format_jobs(jobs))
@@ -119,6 +127,13 @@ def _env(args: argparse.Namespace) -> int:
     for key, value in cluster.env().items():
         print(f"export {key}={shlex.quote(value)}")
     return 0
+
+
+def mode_line(mode: Mode, reason: str, plan: HostPlan | None) -> str:
+    """``mode: hosts (10.1.2.0/24, bridge sft..; namespaces allowed)``, ``mode: single-address (namespaces
+    refused: ...)``."""
+    where = [f"{plan.subnet}, bridge {plan.bridge}"] if plan is not None else []
+    return f"mode: {mode.value} ({'; '.join([*where, reason or 'reason not recorded'])})"
 
 
 def format_nodes(nodes: Sequence[NodeInfo]) -> str:

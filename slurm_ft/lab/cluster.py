@@ -1,8 +1,11 @@
 """A real Slurm cluster on this host: its own munged, one slurmctld and N ``slurmd -N nK``.
 
-Two modes. Single-address (the default): every node is 127.0.0.1 with this host's name, one slurmd port each.
-Hosts (``hosts=True``, ``lab up --hosts``): every node is a host of its own (``slurm_ft.lab.hosts``: network, UTS,
-PID and mount namespaces on a lab bridge), slurmctld stays in the root namespace on the bridge's address.
+Two modes. Hosts (the default wherever this machine allows namespaces, ``hosts.refusal``; ``hosts=True``,
+``lab up --hosts`` insists): every node is a host of its own (``slurm_ft.lab.hosts``: network, UTS, PID and mount
+namespaces on a lab bridge), slurmctld stays in the root namespace on the bridge's address. Single-address (the
+fallback where namespaces are refused; ``hosts=False``, ``lab up --single-address`` forces it): every node is
+127.0.0.1 with this host's name, one slurmd port each. The mode and why it was chosen are recorded in the lab's
+state (``lab status`` prints them).
 Everything lives in one lab directory (config, munge key and socket, state, spool, logs, pids), so several labs
 run side by side on one host. ``up`` is idempotent; ``down`` stops exactly the daemons ``up`` started (and in hosts
 mode removes its namespaces, interfaces and bridge).
@@ -61,6 +64,20 @@ class LabError(SlurmFtError):
     """The lab cluster could not be started, inspected or stopped."""
 
 
+def choose_mode(requested: bool | None, refused: str | None) -> tuple[Mode, str]:
+    """The lab's mode and why, from what was asked (True: ``--hosts``, False: ``--single-address``, None: hosts
+    where this machine allows namespaces) and ``hosts.refusal()`` (None: allowed; not consulted when False).
+    ``--hosts`` where namespaces are refused is a LabError naming the reason."""
+    if requested is False:
+        return Mode.SINGLE_ADDRESS, "forced: --single-address"
+    if refused is None:
+        return Mode.HOSTS, "insisted: --hosts" if requested else "namespaces allowed"
+    if requested:
+        raise LabError(f"--hosts: this machine refuses the namespaces hosts mode needs ({refused}); "
+                       "run `slurm-ft lab up` without --hosts for single-address mode")
+    return Mode.SINGLE_ADDRESS, f"namespaces refused: {refused}"
+
+
 def default_lab_dir() -> Path:
     """``$SLURM_FT_LAB_DIR``, else ``$XDG_STATE_HOME/slurm-ft/lab``, else ``~/.local/state/slurm-ft/lab``."""
     explicit = os.environ.get(ft_env.LAB_DIR)
@@ -85,7 +102,9 @@ class LabConfig:
     slurm_user: str = "root"
     extra_conf: tuple[str, ...] = ()  # more slurm.conf lines, appended last
     start_timeout: float = 60.0
-    hosts: bool = False  # each node a host of its own (namespaces on a lab bridge), see slurm_ft.lab.hosts
+    # Each node a host of its own (namespaces on a lab bridge, see slurm_ft.lab.hosts): None, where this machine
+    # allows namespaces (else single-address, said so); True insists (LabError where refused); False: single-address.
+    hosts: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).expanduser().absolute())
@@ -129,8 +148,8 @@ class LabCluster:
             recorded["nodes"] = len(state["nodes"])
         if state.get("cpus_per_node"):
             recorded["cpus_per_node"] = int(state["cpus_per_node"])
-        if state.get("mode") == Mode.HOSTS.value:
-            recorded["hosts"] = True
+        if state.get("mode"):
+            recorded["hosts"] = state["mode"] == Mode.HOSTS.value
         return cls(LabConfig(dir=Path(lab_dir), **{**recorded, **overrides}))
 
     # --- paths and identity ----------------------------------------------------------------------------------
@@ -161,11 +180,19 @@ class LabCluster:
 
     @property
     def mode(self) -> Mode:
-        """The mode of the running lab as recorded, else the configured one."""
+        """The mode of the running lab as recorded, else the one ``up`` would choose."""
         recorded = self._read_state().get("mode")
-        if recorded:
-            return Mode(recorded)
-        return Mode.HOSTS if self.config.hosts else Mode.SINGLE_ADDRESS
+        return Mode(recorded) if recorded else self.chosen_mode()[0]
+
+    @property
+    def mode_reason(self) -> str:
+        """Why the lab runs in its mode (``namespaces refused: ...``, ``forced: --single-address``, ...)."""
+        state = self._read_state()
+        return str(state.get("mode_reason", "")) if state.get("mode") else self.chosen_mode()[1]
+
+    def chosen_mode(self) -> tuple[Mode, str]:
+        """The mode ``up`` starts the lab in and why (``choose_mode``; probes the machine only when asked to)."""
+        return choose_mode(self.config.hosts, None if self.config.hosts is False else hosts.refusal())
 
     @property
     def host_plan(self) -> hosts.HostPlan:
@@ -202,7 +229,8 @@ class LabCluster:
         """Start the lab (or reuse it when already up with the same config) and wait until all nodes are ready."""
         say = progress or (lambda _msg: None)
         check_prerequisites()
-        if self.config.hosts:
+        mode, why = self.chosen_mode()
+        if mode is Mode.HOSTS:
             check_host_tools()
         if fresh:
             self.down(progress=progress)
@@ -210,7 +238,7 @@ class LabCluster:
         self._make_dirs()
         with ports.host_lock():
             state = self._read_state()
-            layout = self._layout(state)
+            layout = self._layout(state, mode)
             extra = self._extra_lines(say)
             conf = render_slurm_conf(layout, extra)
             running = self.is_up()
@@ -227,10 +255,11 @@ class LabCluster:
                     self._stop_daemons(say)
                     self._network_down(say)  # hosts mode's network, also when the new config has none
                     if self._ports_taken(layout):
-                        layout = self._layout({})
+                        layout = self._layout({}, mode)
                         conf = render_slurm_conf(layout, extra)
                 self._write_conf(conf)
-                self._start(layout, say)
+                say(f"mode: {mode.value} ({why})")
+                self._start(layout, why, say)
         self._wait_ready(say)
 
     def down(self, progress: Progress | None = None) -> None:
@@ -238,6 +267,7 @@ class LabCluster:
         say = progress or (lambda _msg: None)
         state = self._read_state()
         if not state.get("daemons"):
+            self._stop_unrecorded_hosts(say)
             self._network_down(say)
             say(f"no lab running in {self.dir}")
             return
@@ -305,8 +335,8 @@ class LabCluster:
 
     def _require_hosts(self) -> None:
         if self.mode is not Mode.HOSTS:
-            raise LabError(f"the lab in {self.dir} runs in {self.mode.value} mode; network faults need "
-                           "`slurm-ft lab up --hosts`")
+            raise LabError(f"the lab in {self.dir} runs in {self.mode.value} mode ({self.mode_reason}); network "
+                           "faults need its nodes to be hosts (`slurm-ft lab up --hosts`)")
 
     def _host_holder(self, name: str) -> procs.Daemon | None:
         self._require_hosts()
@@ -322,7 +352,7 @@ class LabCluster:
         return client.nodes(), client.jobs()
 
     # --- starting ---------------------------------------------------------------------------------------------
-    def _layout(self, state: Mapping[str, Any]) -> LabLayout:
+    def _layout(self, state: Mapping[str, Any], mode: Mode) -> LabLayout:
         recorded = state.get("ports") or {}
         count = self.config.nodes
         if self.config.base_port is not None:
@@ -332,7 +362,7 @@ class LabCluster:
         else:
             base = ports.pick_block(count + 1)
         placed: dict[str, Any] = {"node_ports": tuple(base + 1 + i for i in range(count))}
-        if self.config.hosts:
+        if mode is Mode.HOSTS:
             plan = hosts.plan_for(self.dir, self.node_names)
             placed = {"node_ports": (hosts.SLURMD_PORT,) * count, "node_addrs": tuple(h.addr for h in plan.nodes),
                       "ctld_addr": plan.bridge_addr}
@@ -361,14 +391,15 @@ class LabCluster:
             say(f"hooks from slurm_ft.cluster.admin: {len(lines)} slurm.conf lines")
         return lines + list(self.config.extra_conf)
 
-    def _start(self, layout: LabLayout, say: Progress) -> None:
+    def _start(self, layout: LabLayout, why: str, say: Progress) -> None:
         self._ensure_munge_key(layout)
         for stale in layout.run_dir.glob("*.pid"):
             stale.unlink()
         daemon_env = self._daemon_env()
         mode = Mode.HOSTS if layout.hosts_mode else Mode.SINGLE_ADDRESS
         state: dict[str, Any] = {
-            "version": 1, "mode": mode.value, "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
+            "version": 1, "mode": mode.value, "mode_reason": why,
+            "ports": {"base": layout.ctld_port, "count": len(layout.node_ports) + 1},
             "nodes": list(layout.node_names), "cpus_per_node": layout.cpus_per_node, "daemons": [],
         }
         try:
@@ -546,8 +577,19 @@ class LabCluster:
         holders = procs.stop([d for d in daemons if d.name.startswith("host-")], timeout=3.0)
         if holders:
             say(f"stopped hosts {', '.join(f'{d.name} ({d.pid})' for d in holders)}")
+        self._stop_unrecorded_hosts(say)
         state["daemons"] = []
         self._write_state(state)
+
+    def _stop_unrecorded_hosts(self, say: Progress) -> None:
+        """Kill this lab's node holders that its state does not record (a signal came while one started, before
+        ``_spawn`` wrote it down): with each, everything in its namespaces dies."""
+        spared = procs.ancestors(os.getpid())
+        found = [procs.identify(pid, name="host") for pid in procs.all_pids()
+                 if pid not in spared and hosts.is_holder_of(procs.cmdline(pid), self.dir)]
+        stopped = procs.stop([d for d in found if d is not None], timeout=0.0)
+        if stopped:
+            say(f"stopped {len(stopped)} unrecorded host processes: {', '.join(str(d.pid) for d in stopped)}")
 
     def _cancel_jobs(self, say: Progress) -> None:
         try:
@@ -743,15 +785,12 @@ def check_prerequisites(which: Callable[[str], str | None] = shutil.which,
                        "run `sudo slurm-ft lab up` or use a container")
 
 
-HOST_TOOLS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "tc": "iproute2"}
-
-
 def check_host_tools(which: Callable[[str], str | None] = shutil.which) -> None:
     """Raise LabError naming the package when a program hosts mode needs is missing."""
-    missing = sorted(p for p in HOST_TOOLS if which(p) is None and not Path("/usr/sbin", p).exists())
+    missing = hosts.missing_tools(which)
     if missing:
         raise LabError(f"hosts mode needs {', '.join(missing)}: install with "
-                       f"`apt-get install -y {' '.join(sorted({HOST_TOOLS[p] for p in missing}))}`")
+                       f"`apt-get install -y {' '.join(sorted({hosts.HOST_TOOLS[p] for p in missing}))}`")
 
 
 def _run(argv: list[str]) -> None:

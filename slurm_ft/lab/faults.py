@@ -311,21 +311,23 @@ def rank_pid(lab, job_id: int, rank: int) -> int | None:
     if "slurm_ft.launch.rank" not in procs.cmdline(task):
         return task
     under = [pid for pid, _ in found if procs.parent(pid) == task]
-    return under[0] if under else standby_rank_pid(dict(found)[task], rank)
+    return under[0] if under else standby_rank_pid(dict(found)[task], rank, task)
 
 
-def standby_rank_pid(wrapper_env: dict[str, str], rank: int) -> int | None:
-    """The rank a warm standby runs for a wrapper with no child of its own (``slurm_ft.launch.standby``): the pid
-    its heartbeat names, when that is a live child of a standby (a spare that became the rank: its command line
-    is the spare's, so nothing else names it)."""
+def standby_rank_pid(wrapper_env: dict[str, str], rank: int, wrapper: int) -> int | None:
+    """The rank a warm standby runs for wrapper ``wrapper`` with no child of its own (``slurm_ft.launch.standby``):
+    the process its heartbeat names (by its pid on its own node: translated into ours, as the node's PID namespace
+    is not ours when the lab's nodes are hosts), when that is a live child of a standby (a spare that became the
+    rank: its command line is the spare's, so nothing else names it)."""
 
     run_dir = ft_env.job_setting(ft_env.RUN_DIR, wrapper_env)
     if not run_dir:
         return None
     beat = next((b for b in read_heartbeats(run_dir) if b.rank == rank), None)
-    if beat is None or not beat.pid or not alive(beat.pid):
+    pid = procs.outer_pid(beat.pid, procs.pid_namespace(wrapper)) if beat is not None and beat.pid else None
+    if pid is None or not alive(pid):
         return None
-    return beat.pid if STANDBY_MODULE in procs.cmdline(procs.parent(beat.pid)) else None
+    return pid if STANDBY_MODULE in procs.cmdline(procs.parent(pid)) else None
 
 
 def signal_rank(lab, job_id: int, rank: int, sig: int = signal.SIGKILL) -> int:
@@ -370,7 +372,7 @@ def training_processes(lab, job_id: int, module: str = TRAINER_MODULE) -> list[R
         argv = procs.cmdline(pid)
         if is_trainer(argv, module):
             found.append(RankProcess(rank=int(rank), pid=pid, node=env.get("SLURMD_NODENAME", "")))
-        elif _wraps(argv, module) and (warm := standby_rank_pid(env, int(rank))) is not None:
+        elif _wraps(argv, module) and (warm := standby_rank_pid(env, int(rank), pid)) is not None:
             found.append(RankProcess(rank=int(rank), pid=warm, node=env.get("SLURMD_NODENAME", "")))
     return sorted(found, key=lambda p: (p.rank, p.pid))
 

@@ -6,7 +6,9 @@ host) is the NVML the job's own helpers read on that node (``slurm_ft.health.che
 wrapper's binding record, the launcher's reclaim wait. The prolog and epilog keep reading ``<node>.json``.
 
 ``hold_and_kill`` is the fault: rank R's GPU lists R's process (and its memory) for ``seconds`` after a SIGKILL
-(None: for good, a GPU that never lets go), as a real GPU does while the driver tears a context down.
+(None: for good, a GPU that never lets go), as a real GPU does while the driver tears a context down. The process
+is listed by its pid on its node, as that node's driver would list it (where the lab's nodes are hosts, each has
+a PID namespace of its own: not the pid this side sees).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from slurm_ft.core.config import load_site_config
 from slurm_ft.health.checks import FAKE_SUFFIX, HealthConfig
+from slurm_ft.lab import procs
 from slurm_ft.lab.faults import rank_pid
 
 GPUS_PER_NODE = 2
@@ -94,15 +97,16 @@ def rank_gpu(environ: dict[str, str]) -> int:
 
 def hold_and_kill(lab: Any, job_id: int, rank: int, *, seconds: float | None) -> tuple[int, str, int]:
     """SIGKILL rank ``rank`` of job ``job_id``, its GPU keeping the process listed for ``seconds`` (None: for good).
-    Returns (pid, node, GPU index). The hold is written first: the launcher's helper must find it."""
+    Returns (pid on its node, node, GPU index): ``release`` takes that pid. The hold is written first: the
+    launcher's helper must find it."""
     pid = rank_pid(lab, job_id, rank)
     if pid is None:
         raise LookupError(f"no running rank {rank} in job {job_id}")
     environ = _environ(pid)
-    node, gpu = environ.get("SLURMD_NODENAME", ""), rank_gpu(environ)
-    hold(lab, node, gpu, pid, seconds=seconds)
+    node, gpu, on_node = environ.get("SLURMD_NODENAME", ""), rank_gpu(environ), procs.inner_pid(pid)
+    hold(lab, node, gpu, on_node, seconds=seconds)
     os.kill(pid, signal.SIGKILL)
-    return pid, node, gpu
+    return on_node, node, gpu
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -14,15 +14,23 @@ bridge address, nothing else. Who may talk to a node: anything on this machine's
 owns the bridge); munge authenticates every Slurm message as before. Unlike single-address mode, slurm.conf has
 no ``NoInAddrAny`` (srun must listen where the nodes call back), so slurmctld's port is bound on every address of
 the root namespace, not only 127.0.0.1: still munge-authenticated with the lab's own key (root-only, 0600).
+
+Hosts mode is the lab's default wherever this machine allows it: ``refusal`` tries, in a throwaway namespace that
+dies with the probe, what ``up`` will do (fresh network, PID, mount and UTS namespaces, a veth pair, a bridge) and
+says in one line why not, or None.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import ipaddress
+import os
 import shlex
-from collections.abc import Sequence
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 NETNS_DIR = "/run/netns"  # where ``ip netns add`` pins named namespaces
@@ -32,6 +40,12 @@ HOST_OCTET_BASE = 10  # node nK gets .(10 + K); the bridge (the controller's sid
 STAGE = "/mnt"  # where the setup script parks shared dirs while it covers /tmp, /run, /dev/shm (FHS: exists)
 PRIVATE_TMPFS = ("/tmp", "/dev/shm", "/run")
 HOLDER_TAG = "slurm-ft-node"
+HOST_TOOLS = {"ip": "iproute2", "unshare": "util-linux", "nsenter": "util-linux", "tc": "iproute2"}  # -> package
+# The probe: what ``up`` does, inside namespaces of its own (nothing it makes outlives it; nothing on the machine's
+# own network changes): unshare's namespaces, then a veth pair and a bridge in the fresh network namespace.
+PROBE_ARGV = ("unshare", "--net", "--pid", "--fork", "--mount", "--uts", "/bin/sh", "-c",
+              "ip link add sftprobe0 type veth peer name sftprobe1 && ip link add sftprobebr type bridge")
+PROBE_TIMEOUT_S = 10.0
 
 # The node's init: reaps the orphans (slurmstepd double-forks) and exits on SIGTERM, which ends the PID namespace.
 HOLDER_CODE = ("import os,signal,sys,time\n"
@@ -112,6 +126,42 @@ def subnet_in_use(plan: HostPlan, ip_addr_output: str) -> str | None:
         if addr in net:
             return f"{addr} on {fields[1].rstrip(':')}"
     return None
+
+
+# --- may this machine make hosts? ---------------------------------------------------------------------------
+def missing_tools(which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """The programs hosts mode needs that are not installed (on PATH or in /usr/sbin)."""
+    return sorted(p for p in HOST_TOOLS if which(p) is None and not Path("/usr/sbin", p).exists())
+
+
+def refusal_reason(*, euid: int, missing: Sequence[str], returncode: int | None, output: str) -> str | None:
+    """Why namespaces are refused, in one line, from the probe's facts (``returncode`` None: not run, or it timed
+    out), or None when the probe went through."""
+    if euid != 0:
+        return f"not root (euid {euid})"
+    if missing:
+        return f"missing {', '.join(missing)} (apt-get install -y {' '.join(sorted({HOST_TOOLS[p] for p in missing}))})"
+    if returncode == 0:
+        return None
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    detail = lines[-1] if lines else ("timed out" if returncode is None else f"exit status {returncode}")
+    return f"{' '.join(PROBE_ARGV[:6])} ... failed: {detail}"
+
+
+@functools.cache
+def refusal() -> str | None:
+    """Why this machine refuses the namespaces hosts mode needs (one line), or None when it allows them. Tries them
+    for real, in a throwaway network namespace (a few milliseconds); asked once per process."""
+    euid, missing = os.geteuid(), missing_tools()
+    if euid != 0 or missing:
+        return refusal_reason(euid=euid, missing=missing, returncode=None, output="")
+    try:
+        done = subprocess.run(PROBE_ARGV, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return refusal_reason(euid=euid, missing=[], returncode=None, output="")
+    except OSError as exc:
+        return refusal_reason(euid=euid, missing=[], returncode=None, output=str(exc))
+    return refusal_reason(euid=euid, missing=[], returncode=done.returncode, output=done.stderr + done.stdout)
 
 
 # --- commands (argument lists; nothing here runs them) ----------------------------------------------------------
@@ -204,6 +254,16 @@ def own_sysfs_lines() -> list[str]:
 def holder_final_argv(python: str, node: NodeHost, lab_dir: Path) -> list[str]:
     """What the holder is once set up (``procs`` recognizes it by this argv)."""
     return [python, "-c", HOLDER_CODE, HOLDER_TAG, str(lab_dir), node.name]
+
+
+def is_holder_of(argv: Sequence[str], lab_dir: Path) -> bool:
+    """Whether ``argv`` is one of lab ``lab_dir``'s node holders (``holder_final_argv``), or the ``unshare`` or
+    setup shell that is becoming one (``holder_argv``): what ``down`` must stop even where the lab's state does not
+    record it (a signal that came while it started)."""
+    if len(argv) >= 5 and tuple(argv[3:5]) == (HOLDER_TAG, str(lab_dir)):
+        return True
+    mark = f" {HOLDER_TAG} {shlex.quote(str(lab_dir))} "
+    return len(argv) >= 2 and argv[-1] == f"{HOLDER_TAG}-setup" and mark in argv[-2]
 
 
 def holder_argv(node: NodeHost, script: str, *, machine_uptime_s: float | None) -> list[str]:

@@ -96,6 +96,39 @@ def in_pid_namespace(namespace: str) -> list[int]:
             and (_stat(pid) or ("Z", 0))[0] != "Z"]
 
 
+def nspids(status_text: str) -> tuple[int, ...]:
+    """The ``NSpid:`` line of ``/proc/PID/status``: the process's pid in each PID namespace it is in, this
+    namespace's first, its own (innermost) last; () when absent."""
+    for line in status_text.splitlines():
+        if line.startswith("NSpid:"):
+            return tuple(int(field) for field in line.split()[1:])
+    return ()
+
+
+def inner_pid(pid: int) -> int:
+    """``pid`` as its own PID namespace numbers it (a process on a lab host: its pid there, as the host's own
+    tools and drivers see it); ``pid`` itself in ours, or when it is gone."""
+    try:
+        ids = nspids(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return pid
+    return ids[-1] if ids else pid
+
+
+def outer_pid(inner: int, namespace: str) -> int | None:
+    """The pid, as this namespace numbers it, of the process that is ``inner`` inside PID namespace ``namespace``
+    (a lab host's: what a rank there writes as its pid), or None when there is none. In this process's own
+    namespace that is ``inner`` itself."""
+    for pid in in_pid_namespace(namespace):
+        try:
+            ids = nspids(Path(f"/proc/{pid}/status").read_text())
+        except OSError:
+            continue
+        if ids and ids[-1] == inner:
+            return pid
+    return None
+
+
 def parent(pid: int) -> int:
     """The parent pid of ``pid`` (0 when gone)."""
     try:

@@ -2,6 +2,9 @@
 
 The session fixture ``lab`` starts a 4-node lab (own munged, slurmctld, 4 x slurmd) in a fresh directory under
 /tmp and stops it at the end, also when SIGTERM, SIGHUP or SIGINT ends the session (``slurm_ft.lab.interrupt``).
+Its nodes are hosts of their own (the lab's default: own address, hostname, PID space and /tmp) wherever this
+machine allows namespaces, else all on 127.0.0.1. So what a job or a rank reads goes in ``shared_path`` (the lab
+dir, the cluster's shared filesystem), never in pytest's ``tmp_path`` (this host's /tmp, which no node sees).
 With ``SLURM_FT_LAB_DIR`` set it reuses (or starts) that lab and leaves it running, which makes re-runs fast
 during development. Without root or without Slurm installed the lab tests are skipped,
 except under ``CI=true``, where they must run: the fixture then fails loudly instead.
@@ -24,9 +27,11 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from slurm_ft.core import env as ft_env  # noqa: E402
+from slurm_ft.lab import hosts  # noqa: E402
 from slurm_ft.lab.cluster import (  # noqa: E402
     LabCluster, LabConfig, LabError, check_host_tools, check_prerequisites)
 from slurm_ft.lab.interrupt import signals_end_the_run, teardown  # noqa: E402
+from labutil import jobs_dir  # noqa: E402
 
 LAB_NODES = 4
 
@@ -93,6 +98,9 @@ def hosts_possible() -> None:
         check_host_tools()
     except LabError as exc:
         _unavailable(str(exc))
+    refused = hosts.refusal()
+    if refused:
+        _unavailable(f"namespaces refused: {refused}")
 
 
 @pytest.fixture
@@ -105,3 +113,12 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("needs root and tmpfs mounts")
     yield mnt
     subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
+def shared_path(lab: LabCluster, request: pytest.FixtureRequest) -> Path:
+    """A fresh world-readable directory on the lab's shared filesystem (inside its dir), for the files a job or a
+    rank reads or writes: pytest's ``tmp_path`` lies in this host's /tmp, which no lab host sees."""
+    path = Path(tempfile.mkdtemp(prefix=f"{request.node.name[:40]}-", dir=jobs_dir(lab)))
+    path.chmod(0o755)
+    return path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_ft.bench.demo import DemoConfig, run_demo
+from slurm_ft.bench.demo import DemoConfig, jobs_dir, run_demo
 from slurm_ft.core.rundir import read_ends, read_events
 
 pytestmark = pytest.mark.lab
@@ -12,7 +12,8 @@ pytestmark = pytest.mark.lab
 
 def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped where no lab can run
     lines = []
-    table, failed = run_demo(DemoConfig(dir=tmp_path / "demo", scenarios=("kill-rank",), steps=16), lines.append)
+    cfg = DemoConfig(dir=tmp_path / "demo", scenarios=("kill-rank",), steps=16)
+    table, failed = run_demo(cfg, lines.append)
     assert failed == []
     rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in table.splitlines()
             if "|" in line}
@@ -25,7 +26,7 @@ def test_demo_kill_rank_recovers_and_reports(lab, tmp_path):  # `lab`: skipped w
     assert any("restart in place" in line for line in lines)
     assert "ETTR over the 1 recovered runs" in table
     # the restarted ranks came from the warm standbys the launcher started while the first attempt trained
-    run_dir = tmp_path / "demo" / "jobs" / "ck-kill-rank" / ".slurm-ft"
+    run_dir = jobs_dir(cfg, cfg.dir / "lab") / "ck-kill-rank" / ".slurm-ft"
     events = [e["event"] for e in read_events(run_dir)]
     assert events.count("standby_start") == 1
     ends = sorted((end.rank, end.started, end.exit_code) for end in read_ends(run_dir))
@@ -37,8 +38,8 @@ def test_demo_flight_recorder_names_the_rank_and_the_collective(lab, tmp_path):
     """Issue 31: a stopped rank, a rank stuck outside any collective, a desync; the ranks' flight-recorder dumps
     name the faulted rank each time, and the desync stops after one attempt as user_code with both calls."""
     lines = []
-    table, failed = run_demo(DemoConfig(dir=tmp_path / "demo", scenarios=("hang", "stuck-loader", "desync"), steps=16),
-                             lines.append)
+    cfg = DemoConfig(dir=tmp_path / "demo", scenarios=("hang", "stuck-loader", "desync"), steps=16)
+    table, failed = run_demo(cfg, lines.append)
     assert failed == []
     rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in table.splitlines()
             if "|" in line}
@@ -48,7 +49,7 @@ def test_demo_flight_recorder_names_the_rank_and_the_collective(lab, tmp_path):
     assert rows["hang"][9].startswith("memory@") and int(rows["hang"][5]) <= 1  # issue 32: the memory tier
     for name in ("stuck-loader", "desync"):  # the trainer's own faults are announced like the demo's
         assert any(line.startswith(f"{name}: rank 1 of job ") for line in lines)
-    desync = tmp_path / "demo" / "jobs" / "ck-desync" / ".slurm-ft"
+    desync = jobs_dir(cfg, cfg.dir / "lab") / "ck-desync" / ".slurm-ft"
     [verdict] = [e for e in read_events(desync) if e["event"] == "verdict"]
     assert verdict["outcome"] == "hung" and "all_gather" in verdict["verdict"]["evidence"][0]
     assert sorted(p.name for p in desync.glob("trace.rank*.json")) == ["trace.rank0.json", "trace.rank1.json"]

@@ -1,4 +1,5 @@
-"""The lab cluster itself: real munged, slurmctld and slurmd processes on this host."""
+"""The lab cluster itself: real munged, slurmctld and slurmd processes on this host (in the lab's default mode:
+every node a host of its own where this machine allows namespaces, else all on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 from labutil import lab_env, output_of, submit, wait_for, wait_job
 
-from slurm_ft.lab import procs
-from slurm_ft.lab.cluster import LabCluster, LabConfig
+from slurm_ft.lab import hosts, procs
+from slurm_ft.lab.cluster import LabCluster, LabConfig, Mode
 from slurm_ft.slurm.types import JobState
 
 pytestmark = pytest.mark.lab
@@ -30,7 +31,8 @@ def _slurm_ft(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def test_all_nodes_registered_and_daemons_recorded(lab):
     names = sorted(d.name for d in _daemons(lab))
-    assert names == ["munged", "slurmctld", *(f"slurmd-n{i}" for i in range(1, 5))]
+    holders = [f"host-n{i}" for i in range(1, 5)] if lab.mode is Mode.HOSTS else []
+    assert names == [*holders, "munged", "slurmctld", *(f"slurmd-n{i}" for i in range(1, 5))]
     assert all(procs.is_running(d) for d in _daemons(lab))
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=lab_env(lab), capture_output=True, text=True,
                          timeout=30, check=True).stdout
@@ -66,7 +68,8 @@ def test_cli_env_and_status(lab):
     status = _slurm_ft("lab", "status", "--dir", str(lab.dir))
     assert status.returncode == 0, status.stderr
     lines = status.stdout.splitlines()
-    assert lines[1] == "mode: single-address"
+    assert lines[1].startswith(f"mode: {lab.mode.value} (") and lines[1].endswith(f"{lab.mode_reason})")
+    assert lab.mode_reason in ("namespaces allowed", f"namespaces refused: {hosts.refusal()}")
     rows = [line.split()[0] for line in lines[3:7]]
     assert rows == ["n1", "n2", "n3", "n4"]
 
@@ -108,3 +111,26 @@ def test_second_lab_runs_beside_and_down_leaves_nothing(lab):
     finally:
         _slurm_ft("lab", "down", "--dir", str(other_dir))
         subprocess.run(["rm", "-rf", str(other_dir)], check=False)
+
+
+def test_where_namespaces_are_refused_the_lab_falls_back_and_says_why(lab):  # `lab`: skipped where none can run
+    """Without CAP_SYS_ADMIN (a container's root, say) no namespace can be made: ``lab up`` runs the nodes on one
+    address and ``lab status`` says why; ``lab up --hosts`` refuses in one line."""
+    drop = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-m", "slurm_ft.cli"]
+    lab_dir = Path(tempfile.mkdtemp(prefix="slurm-ft-lab3-", dir="/tmp"))
+    try:
+        insisted = subprocess.run([*drop, "lab", "up", "--dir", str(lab_dir), "--nodes", "1", "--no-hooks", "--hosts"],
+                                  capture_output=True, text=True, timeout=120, check=False)
+        assert insisted.returncode != 0 and len(insisted.stderr.strip().splitlines()) == 1, insisted.stderr
+        assert insisted.stderr.startswith("slurm-ft: --hosts: this machine refuses the namespaces hosts mode needs (")
+        up = subprocess.run([*drop, "lab", "up", "--dir", str(lab_dir), "--nodes", "1", "--no-hooks"],
+                            capture_output=True, text=True, timeout=120, check=False)
+        assert up.returncode == 0, up.stderr
+        status = _slurm_ft("lab", "status", "--dir", str(lab_dir))
+        assert status.returncode == 0, status.stderr
+        line = status.stdout.splitlines()[1]
+        assert line.startswith("mode: single-address (namespaces refused: unshare ")
+        assert "Operation not permitted" in line
+    finally:
+        _slurm_ft("lab", "down", "--dir", str(lab_dir))
+        subprocess.run(["rm", "-rf", str(lab_dir)], check=False)

@@ -1,6 +1,6 @@
 """``slurm-ft demo`` and ``slurm-ft bench lab`` ended by SIGTERM take their lab down (``slurm_ft.lab.interrupt``):
-no munged, slurmctld, slurmd, slurmstepd or job process of their lab directory is left, and they exit 128 + 15
-with one line saying why.
+no munged, slurmctld, slurmd, slurmstepd or job process of their lab directory is left, nor (their nodes hosts,
+the lab's default) any namespace or interface of it, and they exit 128 + 15 with one line saying why.
 
 Each runs as a real subprocess with a lab directory of its own (not the session's lab): the demo is signalled
 once its jobs run, the benchmark while its lab is still coming up (slurmctld running, the nodes not yet ready).
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_ft.lab import hosts
 from slurm_ft.lab.cluster import LabCluster, LabError, check_prerequisites
 
 pytestmark = pytest.mark.lab
@@ -71,6 +72,14 @@ def lab_processes(lab_dir: Path) -> dict[int, str]:
     return found
 
 
+def lab_network(lab_dir: Path) -> list[str]:
+    """The namespaces and interfaces of ``lab_dir``'s hosts that exist (found by its tag in their names)."""
+    tag = hosts.lab_tag(lab_dir)
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [name for name in hosts.link_names(links) + hosts.netns_names(spaces) if tag in name]
+
+
 def wait_for(what: str, predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -111,6 +120,7 @@ def test_sigterm_ends_the_run_and_takes_its_lab_down(case, prerequisites, tmp_pa
         said = (tmp_path / "stderr").read_text(errors="replace")
         assert code == 128 + signal.SIGTERM, said[-2000:]
         assert left == {}, f"left running: {left}"
+        assert lab_network(lab_dir) == []
         assert f"slurm-ft: {argv[0]}{' lab' if argv[0] == 'bench' else ''} ended by SIGTERM" in said
         assert "Traceback" not in said
     finally:

@@ -21,13 +21,12 @@ PROBE = ("import json, os, time; from slurm_ft.launch.probe import ProbeConfig, 
          "'took_bad': time.monotonic() - t}))")
 
 
-def test_probe_finds_a_dead_slurmd_before_slurm_does(lab, tmp_path):
-    tmp_path.chmod(0o755)
-    job_id = submit(lab, f"cd {tmp_path}\n{sys.executable} -c \"{PROBE}\"\n", "-N2", "-J", "probe")
+def test_probe_finds_a_dead_slurmd_before_slurm_does(lab, shared_path):
+    job_id = submit(lab, f"cd {shared_path}\n{sys.executable} -c \"{PROBE}\"\n", "-N2", "-J", "probe")
     victim = None
     try:
         job = wait_job(lab, job_id, ["RUNNING"], timeout=60)
-        wait_for((tmp_path / "go").exists, 60, message="the first probe round")
+        wait_for((shared_path / "go").exists, 60, message="the first probe round")
         victim = job.nodes[1]
         lab.stop_node(victim)
         wait_job(lab, job_id, ["COMPLETED", "FAILED"], timeout=60)

@@ -37,7 +37,7 @@ def prolog_record(lab, job: int, node: str) -> dict:
     return json.loads((lab.dir / "state" / "prolog" / str(job) / f"{node}.json").read_text())
 
 
-def test_healthy_node_passes_and_epilog_gathers_error_files(lab, tmp_path) -> None:
+def test_healthy_node_passes_and_epilog_gathers_error_files(lab) -> None:
     ckpt = lab.dir / "jobs" / "ckpt-epilog"
     script = (f"mkdir -p {ckpt}/.slurm-ft\n"
               f"echo '{{\"rank\": 0, \"time\": 5.0, \"exc_type\": \"RuntimeError\", \"message\": \"boom\"}}' "

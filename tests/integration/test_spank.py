@@ -67,7 +67,7 @@ def test_hang_timeout_zero_turns_hang_detection_off_as_launch_says(lab) -> None:
     assert "(0 off)" in " ".join(launch_help.split())
 
 
-def test_job_and_its_steps_see_the_values(lab, tmp_path) -> None:
+def test_job_and_its_steps_see_the_values(lab) -> None:
     script = ("env | grep -E '^(SLURM_FT_|SLURM_SPANK_FT_)' | sort | sed 's/^/batch: /'\n"
               "srun -N1 -n1 env | grep -E '^SLURM_FT_' | sort | sed 's/^/step: /'\n")
     job = submit(lab, script, "-N1", "--ft-ckpt-dir=/tmp/ckpt dir", "--ft-max-restarts=4", "--ft-hang-timeout=90",

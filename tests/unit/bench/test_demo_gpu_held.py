@@ -18,11 +18,12 @@ from slurm_ft.slurm.types import JobInfo, JobState
 
 def test_the_job_has_a_spare_the_steps_gpus_and_a_short_wait():
     run = Run(name="gpu-held", ckpt=Path("/tmp/ck"))
-    script = batch_script(DemoConfig(dir=Path("/tmp/d"), scenarios=("gpu-held",)), run)
+    script = batch_script(DemoConfig(dir=Path("/tmp/d"), scenarios=("gpu-held",), hosts=False), run)
     assert "export CUDA_VISIBLE_DEVICES=0\n" in script and "--gpu-reclaim-timeout 5 -- " in script
     assert node_count(run) == 3 and "--ft-spare-nodes=1" in ft_flags(run)
     clean = Run(name="clean", ckpt=Path("/tmp/ck"))
-    assert node_count(clean) == 2 and "CUDA_VISIBLE_DEVICES" not in batch_script(DemoConfig(dir=Path("/tmp/d")), clean)
+    single = DemoConfig(dir=Path("/tmp/d"), hosts=False)
+    assert node_count(clean) == 2 and "CUDA_VISIBLE_DEVICES" not in batch_script(single, clean)
 
 
 def _events(held_node="n2", out=("n2",), later_nodes=("n1", "n3")):

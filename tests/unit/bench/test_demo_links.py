@@ -8,12 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurm_ft.bench import demo
 from slurm_ft.bench.demo import (
     FLAP_HANG_TIMEOUT,
     HANG_TIMEOUT,
+    HOSTS_ONLY,
     DemoConfig,
     Run,
     culprit_checks,
+    default_scenarios,
     ft_flags,
     jobs_dir,
     link_checks,
@@ -48,16 +51,34 @@ def _starts(*attempts: tuple[str, ...]) -> list[dict]:
     return [{"event": "attempt_start", "attempt": i + 1, "nodes": list(n)} for i, n in enumerate(attempts)]
 
 
-def test_network_scenarios_need_hosts_mode_and_are_not_in_the_default():
-    with pytest.raises(ValueError, match="'link-down' needs a lab whose nodes are hosts"):
-        DemoConfig(dir=Path("/tmp/d"), scenarios=("link-down",))
-    assert "link-down" not in DemoConfig(dir=Path("/tmp/d")).scenarios
+def test_network_scenarios_need_hosts_mode_and_only_link_down_is_in_the_hosts_default():
+    with pytest.raises(ValueError, match=r"'link-down' needs a lab whose nodes are hosts \(not with --single-address"):
+        DemoConfig(dir=Path("/tmp/d"), scenarios=("link-down",), hosts=False)
+    single = DemoConfig(dir=Path("/tmp/d"), hosts=False)
+    assert not set(HOSTS_ONLY) & set(single.scenarios)
+    assert single.note == "link-down skipped: the lab's nodes are not hosts (--single-address)"
+    hosted = DemoConfig(dir=Path("/tmp/d"), hosts=True)
+    assert set(hosted.scenarios) - set(single.scenarios) == {"link-down"} and hosted.note == ""
+    assert default_scenarios(True) == hosted.scenarios and default_scenarios(False) == single.scenarios
     assert DemoConfig(dir=Path("/tmp/d"), scenarios=("link-flap",), hosts=True).scenarios == ("clean", "link-flap")
+
+
+def test_the_default_follows_what_this_machine_allows(monkeypatch):
+    monkeypatch.setattr(demo.lab_hosts, "refusal", lambda: "not root (euid 5)")
+    refused = DemoConfig(dir=Path("/tmp/d"))
+    assert (refused.hosts, refused.refused) == (False, "not root (euid 5)") and "link-down" not in refused.scenarios
+    assert refused.note == "link-down skipped: the lab's nodes are not hosts (namespaces refused: not root (euid 5))"
+    with pytest.raises(ValueError, match=r"hosts \(namespaces refused here: not root \(euid 5\)\)"):
+        DemoConfig(dir=Path("/tmp/d"), scenarios=("link-flap",))
+    monkeypatch.setattr(demo.lab_hosts, "refusal", lambda: None)
+    allowed = DemoConfig(dir=Path("/tmp/d"))
+    assert allowed.hosts is True and "link-down" in allowed.scenarios and allowed.note == "" and allowed.auto
+    assert not DemoConfig(dir=Path("/tmp/d"), hosts=True).auto
 
 
 def test_jobs_live_in_the_shared_lab_dir_in_hosts_mode():  # every node's /tmp is its own there
     assert jobs_dir(DemoConfig(dir=Path("/tmp/d"), hosts=True), Path("/tmp/d/lab")) == Path("/tmp/d/lab/jobs")
-    assert jobs_dir(DemoConfig(dir=Path("/tmp/d")), Path("/tmp/d/lab")) == Path("/tmp/d/jobs")
+    assert jobs_dir(DemoConfig(dir=Path("/tmp/d"), hosts=False), Path("/tmp/d/lab")) == Path("/tmp/d/jobs")
 
 
 def test_link_down_has_a_spare_and_link_flap_a_short_hang_timeout():
@@ -135,4 +156,4 @@ def test_the_demo_lab_keeps_finished_jobs_until_the_checks_read_them():
 
     hosts = demo_lab_config(DemoConfig(dir=Path("/tmp/d"), hosts=True))
     assert hosts.nodes == 5 and hosts.min_job_age >= 1800  # the full matrix ran 539 s: jobs of 300 s were gone
-    assert demo_lab_config(DemoConfig(dir=Path("/tmp/d"))).nodes == 4
+    assert demo_lab_config(DemoConfig(dir=Path("/tmp/d"), hosts=False)).nodes == 4

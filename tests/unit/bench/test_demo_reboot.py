@@ -29,8 +29,8 @@ RESUMED = [{"event": "attempt_start", "time": 10.0, "attempt": 1, "nodes": ["n2"
 
 def test_node_reboot_needs_hosts_mode_and_runs_on_two_nodes():
     with pytest.raises(ValueError, match="'node-reboot' needs a lab whose nodes are hosts"):
-        DemoConfig(dir=Path("/tmp/d"), scenarios=("node-reboot",))
-    assert "node-reboot" not in DemoConfig(dir=Path("/tmp/d")).scenarios
+        DemoConfig(dir=Path("/tmp/d"), scenarios=("node-reboot",), hosts=False)
+    assert "node-reboot" not in DemoConfig(dir=Path("/tmp/d")).scenarios  # not by default, even on hosts
     assert node_count(Run(name="node-reboot", ckpt=Path("/c"))) == 2
 
 

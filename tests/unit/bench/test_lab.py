@@ -276,3 +276,8 @@ def test_a_running_job_is_stalled_only_while_its_timeline_does_not_grow():
 def test_the_stall_limit_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="stall_cancel_s"):
         lab.LabBenchConfig(dir=tmp_path, out=tmp_path, stall_cancel_s=0)
+
+
+def test_jobs_live_in_the_shared_lab_dir_when_the_nodes_are_hosts():  # every node's /tmp is its own there
+    assert lab.jobs_dir(Path("/tmp/b"), Path("/tmp/b/lab"), hosts=True) == Path("/tmp/b/lab/jobs")
+    assert lab.jobs_dir(Path("/tmp/b"), Path("/tmp/b/lab"), hosts=False) == Path("/tmp/b/jobs")

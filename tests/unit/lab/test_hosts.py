@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 from pathlib import Path
 
 import pytest
 
 from slurm_ft.lab import faults, hosts
-from slurm_ft.lab.cluster import LabError, Mode, check_host_tools
+from slurm_ft.lab.cli import mode_line, register
+from slurm_ft.lab.cluster import LabCluster, LabConfig, LabError, Mode, check_host_tools, choose_mode
 from slurm_ft.lab.slurmconf import LabLayout, render_slurm_conf
 from slurm_ft.slurm.types import NodeInfo
 
@@ -269,3 +271,69 @@ def test_crash_node_is_the_death_of_the_host_in_hosts_mode():
     lab = _FakeLab()
     assert faults.crash_node(lab, "n2") == [7, 8]
     assert lab.calls == [("kill_host", "n2")]
+
+
+# --- the mode: hosts where this machine allows namespaces -------------------------------------------------------
+def test_refusal_reason_from_the_probes_facts():
+    assert hosts.refusal_reason(euid=0, missing=[], returncode=0, output="") is None
+    assert hosts.refusal_reason(euid=1000, missing=[], returncode=None, output="") == "not root (euid 1000)"
+    assert hosts.refusal_reason(euid=0, missing=["nsenter", "tc"], returncode=None, output="") == \
+        "missing nsenter, tc (apt-get install -y iproute2 util-linux)"
+    denied = "unshare: unshare failed: Operation not permitted\n"
+    assert hosts.refusal_reason(euid=0, missing=[], returncode=1, output=denied) == \
+        "unshare --net --pid --fork --mount --uts ... failed: unshare: unshare failed: Operation not permitted"
+    no_veth = "Error: Unknown device type.\n"
+    assert hosts.refusal_reason(euid=0, missing=[], returncode=2, output=no_veth).endswith(
+        "failed: Error: Unknown device type.")
+    assert hosts.refusal_reason(euid=0, missing=[], returncode=None, output="").endswith("failed: timed out")
+    assert hosts.refusal_reason(euid=0, missing=[], returncode=3, output="").endswith("failed: exit status 3")
+
+
+def test_choose_mode_hosts_unless_refused_or_forced():
+    assert choose_mode(None, None) == (Mode.HOSTS, "namespaces allowed")
+    assert choose_mode(None, "not root (euid 5)") == (Mode.SINGLE_ADDRESS, "namespaces refused: not root (euid 5)")
+    assert choose_mode(True, None) == (Mode.HOSTS, "insisted: --hosts")
+    assert choose_mode(False, None) == (Mode.SINGLE_ADDRESS, "forced: --single-address")
+    with pytest.raises(LabError, match=r"^--hosts: this machine refuses .* \(not root \(euid 5\)\)"):
+        choose_mode(True, "not root (euid 5)")
+
+
+def test_status_says_the_mode_and_why():
+    plan = hosts.plan_for(Path("/tmp/lab-a"), NODES)
+    assert mode_line(Mode.HOSTS, "namespaces allowed", plan) == \
+        f"mode: hosts ({plan.subnet}, bridge {plan.bridge}; namespaces allowed)"
+    assert mode_line(Mode.SINGLE_ADDRESS, "namespaces refused: not root (euid 5)", None) == \
+        "mode: single-address (namespaces refused: not root (euid 5))"
+    assert mode_line(Mode.SINGLE_ADDRESS, "", None) == "mode: single-address (reason not recorded)"
+
+
+def test_config_leaves_the_mode_to_the_machine_unless_told():
+    assert LabConfig(dir=Path("/tmp/lab-a")).hosts is None
+    forced = LabCluster(LabConfig(dir=Path("/tmp/slurm-ft-unit-never-started"), hosts=False))
+    assert forced.chosen_mode() == (Mode.SINGLE_ADDRESS, "forced: --single-address")
+    assert forced.mode is Mode.SINGLE_ADDRESS
+
+
+def test_cli_hosts_and_single_address_exclude_each_other(capsys):
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(), "lab")
+    assert parser.parse_args(["lab", "up"]).hosts is None
+    assert parser.parse_args(["lab", "up", "--hosts"]).hosts is True
+    assert parser.parse_args(["lab", "up", "--single-address"]).hosts is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["lab", "up", "--hosts", "--single-address"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_holder_of_the_lab_is_known_by_its_argv_also_while_it_starts():
+    lab_dir = Path("/tmp/lab a")
+    node = hosts.plan_for(lab_dir, NODES).nodes[0]
+    final = hosts.holder_final_argv("/usr/bin/python3", node, lab_dir)
+    script = hosts.holder_script(node, shared=[lab_dir], hosts_path=lab_dir / "hosts", final_argv=final)
+    wrapper = hosts.holder_argv(node, script, machine_uptime_s=1234.5)
+    assert hosts.is_holder_of(final, lab_dir)
+    assert hosts.is_holder_of(wrapper, lab_dir)  # unshare, before its shell execs the holder
+    assert hosts.is_holder_of(wrapper[wrapper.index("/bin/sh"):], lab_dir)  # the setup shell
+    other = Path("/tmp/lab")
+    assert not hosts.is_holder_of(final, other) and not hosts.is_holder_of(wrapper, other)
+    assert not hosts.is_holder_of(("sleep", "60"), lab_dir) and not hosts.is_holder_of((), lab_dir)

@@ -214,3 +214,11 @@ def test_ancestors_and_identify():
     me = procs.identify(os.getpid(), name="me")
     assert me is not None and procs.is_running(me) and me.argv == procs.cmdline(os.getpid())
     assert procs.identify(2**22 + 12345, name="gone") is None
+
+
+def test_nspids_from_proc_status():
+    status = "Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\nNgid:\t0\nPid:\t4242\nPPid:\t4240\n" \
+             "NSpid:\t4242\t2\nNSpgid:\t4240\t1\n"
+    assert procs.nspids(status) == (4242, 2)
+    assert procs.nspids("Name:\tx\nNSpid:\t17\n") == (17,)
+    assert procs.nspids("Name:\tx\n") == ()

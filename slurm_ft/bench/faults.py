@@ -35,7 +35,7 @@ from slurm_ft.lab.interrupt import run_to_the_end
 FAULTS = ("kill-rank", "hang", "user-error", "link-down", "link-flap", "slow-link", "node-death", "node-reboot")
 RANK_FAULTS = ("kill-rank", "hang", "user-error")
 HEADER = ("fault", "release", "detection s", "verdict", "culprit right?", "recovery s", "steps lost",
-          "parameters equal", "committed checkpoints lost")
+          "resumed from", "parameters equal", "committed checkpoints lost")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -49,6 +49,7 @@ class Row:
     culprit_right: str
     recovery_s: str
     steps_lost: str
+    resumed_from: str  # memory@N, peer@N or disk@N: the trainer's own resume event (issue 32)
     params_equal: str
     ckpts_lost: str
 
@@ -79,6 +80,7 @@ def row_of(run: demo.Run, release: str, reference: str | None, monitor_verdict: 
     events = read_events(run.run_dir) if (run.run_dir / "events.jsonl").exists() else []
     timing = None if run.fault_time is None else fault_timing(
         events, fault_time=run.fault_time, fault_step=run.fault_step or 0, detected_at=run.detected_at)
+    timing, source = demo.resumed_state(run, timing, events)  # steps lost from the step the restart resumed at
     verdict = demo.verdict_of(run, events, monitor_verdict)
     same = run.result is not None and run.result.get("param_sha256") == reference
 
@@ -90,6 +92,7 @@ def row_of(run: demo.Run, release: str, reference: str | None, monitor_verdict: 
                culprit_right=culprit_right(run.name, run.victim, demo.rank_node(run, 1), verdict),
                recovery_s=secs(timing and timing.recovery_s),
                steps_lost="-" if timing is None or timing.steps_lost is None else str(timing.steps_lost),
+               resumed_from=source,
                params_equal="-" if run.result is None else ("yes" if same else "NO"),
                ckpts_lost=checkpoints_lost(run.fault_step, timing and timing.resume_step, demo.EVERY))
 

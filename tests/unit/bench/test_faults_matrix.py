@@ -49,3 +49,24 @@ def test_slow_link_cost_is_its_wall_time_against_the_clean_runs(tmp_path):
     line = slow_cost(runs, DemoConfig(dir=Path("/tmp/d"), hosts=False))
     assert "31.5 s of wall time against the clean run's 26.0 s (+5.5 s)" in line
     assert slow_cost(runs[:1], DemoConfig(dir=Path("/tmp/d"), hosts=False)) == ""
+
+
+def test_a_row_counts_steps_lost_from_where_the_restart_resumed(tmp_path):
+    """The matrix said 2 steps lost (disk at 8, fault at 10) where the restart resumed memory@9 and lost 1."""
+    import json
+
+    from slurm_ft.bench import demo
+    from slurm_ft.bench.faults import row_of
+
+    run = demo.Run(name="kill-rank", ckpt=tmp_path / "ck", fault_time=100.0, fault_step=10, victim="n2",
+                   result={"param_sha256": "x", "step": 24})
+    run.run_dir.mkdir(parents=True)
+    events = [{"event": "attempt_start", "time": 90.0, "attempt": 1, "nodes": ["n1", "n2"], "resume_step": None},
+              {"event": "fault_detected", "time": 100.2, "kind": "failed"},
+              {"event": "attempt_start", "time": 101.0, "attempt": 2, "nodes": ["n1", "n2"], "resume_step": 8},
+              {"event": "resume", "time": 103.0, "source": "memory", "step": 9},
+              {"event": "first_step", "time": 104.0, "attempt": 2, "step": 10},
+              {"event": "exit", "time": 110.0, "code": 0}]
+    (run.run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    row = row_of(run, "25.11.7", "x", None)
+    assert (row.steps_lost, row.resumed_from, row.ckpts_lost, row.params_equal) == ("1", "memory@9", "0", "yes")

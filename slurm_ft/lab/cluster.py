@@ -24,7 +24,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from slurm_ft.slurm.parsers import parse_version
 from slurm_ft.slurm.runner import run_command
 from slurm_ft.slurm.types import JobInfo, NodeInfo
 
+LAB_DAEMONS = ("slurmctld", "slurmd", "munged")  # what `down` stops by its arguments when the state missed it
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
@@ -267,7 +268,7 @@ class LabCluster:
         say = progress or (lambda _msg: None)
         state = self._read_state()
         if not state.get("daemons"):
-            self._stop_unrecorded_hosts(say)
+            self._stop_unrecorded(say)
             self._network_down(say)
             say(f"no lab running in {self.dir}")
             return
@@ -577,19 +578,27 @@ class LabCluster:
         holders = procs.stop([d for d in daemons if d.name.startswith("host-")], timeout=3.0)
         if holders:
             say(f"stopped hosts {', '.join(f'{d.name} ({d.pid})' for d in holders)}")
-        self._stop_unrecorded_hosts(say)
+        self._stop_unrecorded(say)
         state["daemons"] = []
         self._write_state(state)
 
-    def _stop_unrecorded_hosts(self, say: Progress) -> None:
-        """Kill this lab's node holders that its state does not record (a signal came while one started, before
-        ``_spawn`` wrote it down): with each, everything in its namespaces dies."""
+    def _stop_unrecorded(self, say: Progress) -> None:
+        """Kill this lab's daemons and node holders that its state does not record (a signal came while one
+        started, after its spawn and before ``_spawn`` wrote it down): a holder takes everything in its namespaces
+        with it; a daemon is known by an argument inside the lab dir (``slurmctld -f <lab>/slurm.conf``)."""
         spared = procs.ancestors(os.getpid())
-        found = [procs.identify(pid, name="host") for pid in procs.all_pids()
-                 if pid not in spared and hosts.is_holder_of(procs.cmdline(pid), self.dir)]
+        found = [procs.identify(pid, name="unrecorded") for pid in procs.all_pids()
+                 if pid not in spared and self._started_here(procs.cmdline(pid))]
         stopped = procs.stop([d for d in found if d is not None], timeout=0.0)
         if stopped:
-            say(f"stopped {len(stopped)} unrecorded host processes: {', '.join(str(d.pid) for d in stopped)}")
+            say(f"stopped {len(stopped)} unrecorded lab processes: {', '.join(str(d.pid) for d in stopped)}")
+
+    def _started_here(self, argv: Sequence[str]) -> bool:
+        """A node holder of this lab, or one of its daemons (a Slurm or munge daemon given a path inside it)."""
+        if hosts.is_holder_of(argv, self.dir):
+            return True
+        marker = f"{self.dir}/"
+        return bool(argv) and os.path.basename(argv[0]) in LAB_DAEMONS and any(marker in a for a in argv[1:])
 
     def _cancel_jobs(self, say: Progress) -> None:
         try:

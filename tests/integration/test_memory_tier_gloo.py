@@ -17,6 +17,7 @@ import pytest
 from slurm_ft.core import layout, shmdir
 from slurm_ft.core.rundir import EVENTS_FILE, RUN_SUBDIR
 from slurm_ft.train import example, memtier
+from slurm_ft.train.checkpoint import memory_alloc
 
 pytestmark = pytest.mark.gloo
 STEPS = 8
@@ -232,7 +233,8 @@ def two_nodes(runs, tmp_path_factory):
 def test_a_swapped_in_node_s_rank_restores_from_its_peer_copy(two_nodes, tmp_path):
     clean, crashed, _peered = two_nodes
     root = _copy(crashed, tmp_path)
-    marked = [s for (s, _epoch), peers in memtier.inventory(_node_dir(root, "a"), 0, [0], world_size=2, alloc=".0")
+    marked = [s for (s, _epoch), peers in memtier.inventory(_node_dir(root, "a"), 0, [0], world_size=2,
+                                                                alloc=memory_alloc({}))
               .markers.items() if peers]
     (rc0, out), (rc1, _) = _spawn(root, ["a", "c"])  # node b is gone: rank 1 runs on a fresh node c
     assert rc0 == rc1 == 0

@@ -339,6 +339,11 @@ class LabCluster:
             raise LabError(f"the lab in {self.dir} runs in {self.mode.value} mode ({self.mode_reason}); network "
                            "faults need its nodes to be hosts (`slurm-ft lab up --hosts`)")
 
+    def host_pid(self, name: str) -> int | None:
+        """The pid (in ours) of node ``name``'s host holder, the init of its namespaces; None when it is not up."""
+        holder = self._host_holder(name)
+        return holder.pid if holder is not None else None
+
     def _host_holder(self, name: str) -> procs.Daemon | None:
         self._require_hosts()
         holder = self._find_daemon(f"host-{self._known_node(name)}")

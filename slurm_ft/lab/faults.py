@@ -25,7 +25,7 @@ from pathlib import Path
 from slurm_ft.core import env as ft_env
 from slurm_ft.core.rundir import read_events, read_heartbeats
 from slurm_ft.core.errors import SlurmFtError
-from slurm_ft.lab import hosts, procs
+from slurm_ft.lab import procs
 from slurm_ft.lab.cluster import node_ready
 
 
@@ -263,7 +263,7 @@ def boot_node(lab, node: str, timeout_s: float = BOOT_TIMEOUT_S) -> None:
 def node_local_files(lab, node: str) -> list[str] | None:
     """What node ``node``'s host holds in its private ``/tmp`` and ``/dev/shm`` (paths as the node sees them, sorted),
     read through its holder's root (``/proc/PID/root``: its mount namespace); None when the host is not running."""
-    holder = next((pid for pid in procs.all_pids() if _holds(procs.cmdline(pid), lab.dir, node)), None)
+    holder = lab.host_pid(node)
     if holder is None:
         return None
     found = []
@@ -273,11 +273,6 @@ def node_local_files(lab, node: str) -> list[str] | None:
         except OSError:
             return None
     return sorted(found)
-
-
-def _holds(argv: tuple[str, ...], lab_dir: Path, node: str) -> bool:
-    """Whether ``argv`` is the holder of ``node`` in lab ``lab_dir`` (``hosts.holder_final_argv``)."""
-    return len(argv) >= 3 and argv[-3:] == (hosts.HOLDER_TAG, str(lab_dir), node)
 
 
 def inject(lab, fault: NetFault | str, node: str, rate: str | None = None,

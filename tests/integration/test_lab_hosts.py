@@ -200,6 +200,7 @@ def test_node_reboot_brings_the_host_back_empty_with_a_new_boot_time(hosts_lab):
     wait_for(lambda: _idle(hosts_lab, "n2"), 30, message="n2 idle")
     holder = procs.Daemon.from_dict(next(d for d in _daemons(hosts_lab) if d["name"] == "host-n2"))
     on_host = procs.in_pid_namespace(os.readlink(f"/proc/{holder.pid}/ns/pid"))
+    assert {"/tmp/sft-reboot", "/dev/shm/sft-reboot"} <= set(faults.node_local_files(hosts_lab, "n2"))
     before = time.time()
     done = subprocess.run([sys.executable, "-m", "slurm_ft.cli", "lab", "fault", "--dir", str(hosts_lab.dir),
                            "node-reboot", "n2", "--down-s", "1"], capture_output=True, text=True, timeout=120,
@@ -213,6 +214,7 @@ def test_node_reboot_brings_the_host_back_empty_with_a_new_boot_time(hosts_lab):
     [(_, line)] = _srun(hosts_lab, "-w", "n2", "sh", "-c", look)
     name, held, uptime = line.split()
     assert (name, held) == ("n2", "gone")
+    assert not {"/tmp/sft-reboot", "/dev/shm/sft-reboot"} & set(faults.node_local_files(hosts_lab, "n2"))
     if hosts.time_namespaces():  # Linux 5.6+: the node's boot clock is its own
         assert int(uptime) <= time.time() - before  # its clock counts from its boot, not the machine's
         shown = subprocess.run(["scontrol", "-o", "show", "node", "n2"], env={**os.environ, **hosts_lab.env()},

@@ -263,6 +263,12 @@ def write_gpu_binding(run_dir: str | os.PathLike[str], record: GpuBinding) -> No
     write_json_atomic(gpu_path(run_dir, record.rank), dataclasses.asdict(record))
 
 
+def append_event(run_dir: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
+    """Append one event (``{"event", "time", ...}``) to the run's ``events.jsonl``, creating the dir and file private
+    (the launcher's and the checkpoint manager's events share it); OSError when it cannot be written."""
+    append_line(make_run_dir(run_dir) / EVENTS_FILE, json.dumps(dict(record), default=str))
+
+
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The launcher's events in file order (a torn last line is not an event)."""
     events = []

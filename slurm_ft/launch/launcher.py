@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import os
 import secrets
@@ -74,7 +73,7 @@ from slurm_ft.core.rundir import (
     STACK_GLOB,
     TRACE_GLOB,
     RankState,
-    append_line,
+    append_event,
     make_run_dir,
     read_ends,
     read_errors,
@@ -986,9 +985,8 @@ class Launcher:
 
     def _event(self, event: str, **fields: Any) -> None:
         record = {"event": event, "time": round(self.clock(), 3), **fields}
-        line = json.dumps(record, default=str)
         log.info(describe(record))  # a plain line in the job's output; the JSON goes to events.jsonl
         try:
-            append_line(make_run_dir(self.config.run_dir) / EVENTS_FILE, line)  # private: it names the store's port
+            append_event(self.config.run_dir, record)  # private: it names the store's port
         except OSError as exc:
             log.warning("cannot write %s: %s", self.config.run_dir / EVENTS_FILE, exc)

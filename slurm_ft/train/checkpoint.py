@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import io
-import json
 import logging
 import os
 import random
@@ -414,7 +413,7 @@ class CheckpointManager:
         run_dir = env.job_setting(env.RUN_DIR) or str(records.run_dir_for(self.dir))
         record = {"event": name, "time": round(time.time(), 3), **fields}
         try:
-            records.append_line(records.make_run_dir(run_dir) / records.EVENTS_FILE, json.dumps(record, default=str))
+            records.append_event(run_dir, record)
         except OSError as exc:
             log.warning("cannot write event %s to %s: %s", name, run_dir, exc)
 
